@@ -1,0 +1,233 @@
+//! Benchmarks: fixed prompts, a warm-up, then prefill and decode speed, TTFT,
+//! peak RSS and weight bytes read per decoded token, with the memory
+//! bandwidth roofline (`tok/s ≤ bandwidth / bytes per token`).
+//!
+//! Two engines run the same token ids: our dense model (`dense`) and, as the
+//! 4-bit baseline, candle-transformers' quantized model on the kept GGUF
+//! (`candle-gguf`).
+
+use crate::generate::Engine;
+use crate::prepare::GGUF_FILE;
+use crate::sysinfo;
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::generation::LogitsProcessor;
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+/// The fixed benchmark prompts (chat-formatted by the model's template).
+pub const BENCH_PROMPTS: &[&str] = &[
+    "Explain in a few sentences why the sky is blue.",
+    "Write a short story about a robot that learns to paint.",
+    "Translate to English: Der Roboter fährt morgen früh zur Ladestation zurück.",
+];
+
+/// Which implementation runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchEngine {
+    /// Our dense model on the converted safetensors.
+    Dense,
+    /// candle-transformers' quantized_llama / quantized_qwen2 on model.gguf.
+    CandleGguf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub engine: BenchEngine,
+    pub dtype: String,
+    pub prompts: usize,
+    pub new_tokens_per_prompt: usize,
+    pub mean_prompt_tokens: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub ttft_s: f64,
+    pub peak_rss_bytes: u64,
+    pub weight_bytes_per_token: u64,
+    /// Measured read bandwidth, GB/s, when asked for.
+    pub bandwidth_gb_s: Option<f64>,
+    /// `bandwidth / bytes per token`.
+    pub roofline_tokens_per_s: Option<f64>,
+    /// `decode tok/s ÷ roofline`, in percent.
+    pub roofline_percent: Option<f64>,
+}
+
+/// One prompt's timings.
+struct Run {
+    prompt_tokens: usize,
+    ttft_s: f64,
+    decode_s: f64,
+}
+
+/// Runs greedy generation of exactly `n` tokens through `forward(tokens, pos)`.
+fn timed_run(
+    prompt: &[u32],
+    n: usize,
+    forward: &mut dyn FnMut(&[u32], usize) -> Result<Tensor>,
+) -> Result<Run> {
+    let mut sampler =
+        LogitsProcessor::from_sampling(0, candle_transformers::generation::Sampling::ArgMax);
+    let start = Instant::now();
+    let mut logits = forward(prompt, 0)?;
+    let mut next = sampler.sample(&logits)?;
+    let ttft_s = start.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in 1..n {
+        logits = forward(&[next], prompt.len() + i - 1)?;
+        next = sampler.sample(&logits)?;
+    }
+    Ok(Run {
+        prompt_tokens: prompt.len(),
+        ttft_s,
+        decode_s: t.elapsed().as_secs_f64(),
+    })
+}
+
+pub struct BenchOptions {
+    pub engine: BenchEngine,
+    pub new_tokens: usize,
+    pub measure_bandwidth: bool,
+}
+
+/// Benchmarks `engine` (already loaded, used for tokenization and, for
+/// `dense`, for the forward passes) on [`BENCH_PROMPTS`].
+pub fn run(engine: &Engine, model_dir: &Path, opts: &BenchOptions) -> Result<BenchReport> {
+    if opts.new_tokens < 2 {
+        bail!("bench needs at least 2 new tokens per prompt");
+    }
+    let prompts = BENCH_PROMPTS
+        .iter()
+        .map(|p| engine.codec.chat_prompt_ids(p))
+        .collect::<Result<Vec<_>>>()?;
+    let (mut forward, weight_bytes, dtype): (
+        Box<dyn FnMut(&[u32], usize) -> Result<Tensor>>,
+        u64,
+        String,
+    ) = match opts.engine {
+        BenchEngine::Dense => {
+            let model = &engine.model;
+            let mut cache = model.new_cache();
+            let dtype = format!("{:?}", model.dtype()).to_lowercase();
+            (
+                Box::new(move |ids: &[u32], pos: usize| {
+                    if pos == 0 {
+                        cache.reset();
+                    }
+                    model.forward(ids, &mut cache)
+                }),
+                model.decode_weight_bytes() as u64,
+                dtype,
+            )
+        }
+        BenchEngine::CandleGguf => {
+            let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
+            (
+                Box::new(move |ids: &[u32], pos: usize| q.forward(ids, pos)),
+                bytes,
+                "gguf".to_string(),
+            )
+        }
+    };
+    // Warm-up: one short run (page faults, kernel repacking, thread pool).
+    timed_run(&prompts[0], 4, &mut *forward)?;
+    let runs = prompts
+        .iter()
+        .map(|p| timed_run(p, opts.new_tokens, &mut *forward))
+        .collect::<Result<Vec<_>>>()?;
+    let n = runs.len() as f64;
+    let prompt_tokens: usize = runs.iter().map(|r| r.prompt_tokens).sum();
+    let ttft: f64 = runs.iter().map(|r| r.ttft_s).sum();
+    let decode_s: f64 = runs.iter().map(|r| r.decode_s).sum();
+    let decode_tps = (runs.len() * (opts.new_tokens - 1)) as f64 / decode_s;
+    let bandwidth = opts
+        .measure_bandwidth
+        .then(|| sysinfo::measure_read_bandwidth(1 << 30, 5));
+    let roofline = bandwidth.map(|b| b * 1e9 / weight_bytes as f64);
+    Ok(BenchReport {
+        engine: opts.engine,
+        dtype,
+        prompts: runs.len(),
+        new_tokens_per_prompt: opts.new_tokens,
+        mean_prompt_tokens: prompt_tokens as f64 / n,
+        prefill_tokens_per_s: prompt_tokens as f64 / ttft,
+        decode_tokens_per_s: decode_tps,
+        ttft_s: ttft / n,
+        peak_rss_bytes: sysinfo::peak_rss_bytes(),
+        weight_bytes_per_token: weight_bytes,
+        bandwidth_gb_s: bandwidth,
+        roofline_tokens_per_s: roofline,
+        roofline_percent: roofline.map(|r| 100.0 * decode_tps / r),
+    })
+}
+
+/// candle-transformers' quantized model for either family.
+enum QuantizedModel {
+    Llama(candle_transformers::models::quantized_llama::ModelWeights),
+    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
+}
+
+impl QuantizedModel {
+    /// Loads the GGUF; also returns the bytes of quantized weights read per token.
+    fn load(path: &Path) -> Result<(Self, u64)> {
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let content = gguf_file::Content::read(&mut f)
+            .with_context(|| format!("reading GGUF {}", path.display()))?;
+        let has_output = content.tensor_infos.contains_key("output.weight");
+        let bytes: u64 = content
+            .tensor_infos
+            .iter()
+            .filter(|(name, _)| !(has_output && name.as_str() == "token_embd.weight"))
+            .map(|(_, t)| {
+                (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
+            })
+            .sum();
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        let model = match arch.as_str() {
+            "llama" => Self::Llama(
+                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+                    content,
+                    &mut f,
+                    &Device::Cpu,
+                )?,
+            ),
+            "qwen2" => Self::Qwen2(
+                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
+                    content,
+                    &mut f,
+                    &Device::Cpu,
+                )?,
+            ),
+            other => bail!(
+                "{}: unsupported GGUF architecture '{other}'",
+                path.display()
+            ),
+        };
+        Ok((model, bytes))
+    }
+
+    fn forward(&mut self, ids: &[u32], pos: usize) -> Result<Tensor> {
+        let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+        let logits = match self {
+            Self::Llama(m) => {
+                if pos == 0 {
+                    m.clear_kv_cache();
+                }
+                m.forward(&x, pos)?
+            }
+            Self::Qwen2(m) => {
+                if pos == 0 {
+                    m.clear_kv_cache();
+                }
+                m.forward(&x, pos)?
+            }
+        };
+        Ok(logits.flatten_all()?)
+    }
+}

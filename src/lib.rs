@@ -1,0 +1,15 @@
+//! SelectInfer: selective neuron loading and computation for serving LLMs
+//! on small hardware, as a ROS 2 node.
+//!
+//! The library works without ROS: [`prepare`] fetches and [`convert`]s real
+//! weights, [`model`] is the Llama/Qwen2 transformer, [`generate`] drives it,
+//! [`bench`] measures it. Binaries in `src/bin` are thin shells over these.
+
+pub mod bench;
+pub mod convert;
+pub mod generate;
+pub mod kernels;
+pub mod model;
+pub mod prepare;
+pub mod sysinfo;
+pub mod text;

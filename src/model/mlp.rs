@@ -1,0 +1,85 @@
+//! The FFN block (SwiGLU MLP), stored neuron-major.
+//!
+//! Neuron `n` of a layer owns row `n` of `gate_proj`, row `n` of `up_proj`
+//! and column `n` of `down_proj`. We keep `[gate; up]` as one `[2N, H]`
+//! matrix and `down_proj` transposed to `[N, H]`, so every neuron is a set of
+//! contiguous rows. A sub-network of neurons is then just a row selection of
+//! the same three matrices (`Mlp::from_neuron_rows`), which is what selective
+//! loading and computation build on. Decode runs the fused CPU kernels of
+//! [`crate::kernels`]; prefill and non-CPU devices use candle matmuls.
+
+use crate::kernels::SwiGluDown;
+use crate::model::linear::{is_single_row, Linear};
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor, D};
+use candle_nn::VarBuilder;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// `[gate rows; up rows]`, shape `[2N, H]`.
+    gate_up: Linear,
+    /// `down_proj` transposed: neuron `n` is row `n`, shape `[N, H]`.
+    down_t: Tensor,
+    width: usize,
+}
+
+impl Mlp {
+    /// Loads the dense MLP (all neurons) of one layer.
+    pub fn load(vb: VarBuilder, hidden: usize, intermediate: usize) -> Result<Self> {
+        let get = |name: &str, shape: (usize, usize)| {
+            vb.get(shape, &format!("{name}.weight"))
+                .with_context(|| format!("loading {}.{name}.weight", vb.prefix()))
+        };
+        let gate = get("gate_proj", (intermediate, hidden))?;
+        let up = get("up_proj", (intermediate, hidden))?;
+        let down = get("down_proj", (hidden, intermediate))?;
+        Self::from_neuron_rows(&gate, &up, &down.t()?)
+    }
+
+    /// Builds an MLP from per-neuron rows: `gate [N, H]`, `up [N, H]`,
+    /// `down_t [N, H]` (the transpose of `down_proj` restricted to the neurons).
+    pub fn from_neuron_rows(gate: &Tensor, up: &Tensor, down_t: &Tensor) -> Result<Self> {
+        let width = gate.dim(0)?;
+        Ok(Self {
+            gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None)?,
+            down_t: down_t.contiguous()?,
+            width,
+        })
+    }
+
+    /// Number of neurons this MLP computes.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Bytes of weights read per token.
+    pub fn weight_bytes(&self) -> usize {
+        self.gate_up.weight_bytes() + self.down_t.elem_count() * self.down_t.dtype().size_in_bytes()
+    }
+
+    /// The input of `down_proj`: `silu(gate(x)) * up(x)`, shape `[.., N]`, f32.
+    pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
+        let gu = self.gate_up.forward(x)?;
+        let gate = gu.narrow(D::Minus1, 0, self.width)?;
+        let up = gu.narrow(D::Minus1, self.width, self.width)?;
+        Ok((candle_nn::ops::silu(&gate)? * up)?)
+    }
+
+    /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
+    pub fn down(&self, a: &Tensor) -> Result<Tensor> {
+        let a = a.to_dtype(self.down_t.dtype())?;
+        let (lead, n) = (a.dims()[..a.rank() - 1].to_vec(), self.width);
+        let y = a.reshape(((), n))?.matmul(&self.down_t)?;
+        let mut dims = lead;
+        dims.push(self.down_t.dim(1)?);
+        Ok(y.reshape(dims)?.to_dtype(DType::F32)?)
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if is_single_row(x) && x.device().is_cpu() {
+            let gu = self.gate_up.forward(x)?;
+            return Ok(gu.apply_op2_no_bwd(&self.down_t, &SwiGluDown)?);
+        }
+        self.down(&self.activations(x)?)
+    }
+}

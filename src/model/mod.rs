@@ -1,0 +1,469 @@
+//! One decoder-only transformer implementation for the Llama and Qwen2
+//! families, in the manner of candle-transformers: a serde [`Config`] read
+//! from an HF `config.json`, blocks with `load(vb, cfg)` and `forward`.
+//!
+//! Supports grouped-query attention, RoPE with Llama 3 `rope_scaling`, tied
+//! or separate `lm_head`, Qwen2's q/k/v biases, f32 and f16 weights (bf16
+//! checkpoints are converted at load; CPU never computes in bf16) and a KV
+//! cache. Activations are f32 throughout. The MLP lives in [`mlp`] and is
+//! stored neuron-major so that it can run on a subset of neurons.
+
+pub mod config;
+pub mod linear;
+pub mod mlp;
+
+pub use config::{Config, Family};
+pub use linear::Linear;
+pub use mlp::Mlp;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+use std::path::Path;
+
+/// RoPE tables for positions `0..max_positions`.
+#[derive(Debug, Clone)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn new(cfg: &Config, max_positions: usize, device: &Device) -> Result<Self> {
+        let dim = cfg.head_dim();
+        let mut inv_freq: Vec<f64> = (0..dim)
+            .step_by(2)
+            .map(|i| 1.0 / cfg.rope_theta.powf(i as f64 / dim as f64))
+            .collect();
+        if let Some(s) = cfg
+            .rope_scaling
+            .as_ref()
+            .filter(|s| s.rope_type == "llama3")
+        {
+            let orig = s.original_max_position_embeddings as f64;
+            let low_wavelen = orig / s.low_freq_factor;
+            let high_wavelen = orig / s.high_freq_factor;
+            for f in inv_freq.iter_mut() {
+                let wavelen = 2.0 * std::f64::consts::PI / *f;
+                *f = if wavelen < high_wavelen {
+                    *f
+                } else if wavelen > low_wavelen {
+                    *f / s.factor
+                } else {
+                    let smooth = (orig / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * *f / s.factor + smooth * *f
+                };
+            }
+        }
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (max_positions, half), device)?,
+            sin: Tensor::from_vec(sin, (max_positions, half), device)?,
+        })
+    }
+
+    /// Applies the rotation to `x [b, heads, seq, head_dim]` at positions `pos..`.
+    fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
+        let seq = x.dim(2)?;
+        let cos = self.cos.narrow(0, pos, seq)?;
+        let sin = self.sin.narrow(0, pos, seq)?;
+        Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)?)
+    }
+}
+
+/// Per-layer key/value cache of one sequence.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<candle_nn::kv_cache::KvCache>,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> Self {
+        Self {
+            layers: (0..num_layers)
+                .map(|_| candle_nn::kv_cache::KvCache::new(2, 256))
+                .collect(),
+        }
+    }
+
+    /// Number of positions already cached.
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .map(|c| c.current_seq_len())
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn reset(&mut self) {
+        self.layers.iter_mut().for_each(|c| c.reset());
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// q, k and v projections fused: `[(heads + 2 kv_heads) * head_dim, hidden]`.
+    qkv: Linear,
+    o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    pub fn load(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+        let (heads, kv_heads) = (cfg.num_attention_heads, cfg.num_kv_heads());
+        let get = |name: &str, rows: usize| {
+            vb.get((rows, h), &format!("{name}.weight"))
+                .with_context(|| format!("loading {}.{name}.weight", vb.prefix()))
+        };
+        let q = get("q_proj", heads * hd)?;
+        let k = get("k_proj", kv_heads * hd)?;
+        let v = get("v_proj", kv_heads * hd)?;
+        let bias = if cfg.qkv_bias() {
+            let get_b = |name: &str, rows: usize| {
+                vb.get_with_hints_dtype(
+                    rows,
+                    &format!("{name}.bias"),
+                    Default::default(),
+                    DType::F32,
+                )
+                .with_context(|| format!("loading {}.{name}.bias", vb.prefix()))
+            };
+            Some(Tensor::cat(
+                &[
+                    get_b("q_proj", heads * hd)?,
+                    get_b("k_proj", kv_heads * hd)?,
+                    get_b("v_proj", kv_heads * hd)?,
+                ],
+                0,
+            )?)
+        } else {
+            None
+        };
+        let o = vb
+            .get((h, heads * hd), "o_proj.weight")
+            .with_context(|| format!("loading {}.o_proj.weight", vb.prefix()))?;
+        Ok(Self {
+            qkv: Linear::new(Tensor::cat(&[q, k, v], 0)?, bias)?,
+            o_proj: Linear::new(o, None)?,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        })
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.qkv.weight_bytes() + self.o_proj.weight_bytes()
+    }
+
+    /// `x [1, seq, hidden]` at positions `pos..pos+seq`; appends to `cache`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        rope: &Rope,
+        cache: &mut candle_nn::kv_cache::KvCache,
+    ) -> Result<Tensor> {
+        let (b, seq, _) = x.dims3()?;
+        let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
+        let qkv = self.qkv.forward(x)?;
+        let split = |start: usize, heads: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(D::Minus1, start * hd, heads * hd)?
+                .reshape((b, seq, heads, hd))?
+                .transpose(1, 2)?)
+        };
+        let q = rope.apply(&split(0, nh)?, pos)?;
+        let k = rope.apply(&split(nh, nkv)?, pos)?;
+        let v = split(nh + nkv, nkv)?.contiguous()?;
+        let (k, v) = cache.append(&k, &v)?;
+        let total = k.dim(2)?;
+        // Grouped-query attention without repeating k/v: the `group` query
+        // heads sharing one kv head become extra rows of one matmul.
+        let group = nh / nkv;
+        let q = q.reshape((b, nkv, group * seq, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut att = (q.matmul(&k.t()?)? * scale)?;
+        if seq > 1 {
+            let mask = causal_mask(seq, pos, total, x.device())?;
+            att = att
+                .reshape((b, nkv, group, seq, total))?
+                .broadcast_add(&mask)?
+                .reshape((b, nkv, group * seq, total))?;
+        }
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let y = att.matmul(&v)?; // [b, nkv, group*seq, hd]
+        let y = y
+            .reshape((b, nh, seq, hd))?
+            .transpose(1, 2)?
+            .reshape((b, seq, nh * hd))?;
+        self.o_proj.forward(&y)
+    }
+}
+
+/// Additive mask `[seq, total]`: query `i` (at position `pos + i`) sees keys `<= pos + i`.
+fn causal_mask(seq: usize, pos: usize, total: usize, device: &Device) -> Result<Tensor> {
+    let data: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..total).map(move |j| if j <= pos + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Tensor::from_vec(data, (seq, total), device)?)
+}
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
+        let weight = vb
+            .get_with_hints_dtype(size, "weight", Default::default(), DType::F32)
+            .with_context(|| format!("loading {}.weight", vb.prefix()))?;
+        Ok(Self {
+            weight,
+            eps: eps as f32,
+        })
+    }
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_attention_norm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    pub fn load(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+        Ok(Self {
+            input_norm: RmsNorm::load(vb.pp("input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps)?,
+            attn: Attention::load(vb.pp("self_attn"), cfg)?,
+            post_attention_norm: RmsNorm::load(
+                vb.pp("post_attention_layernorm"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            )?,
+            mlp: Mlp::load(vb.pp("mlp"), cfg.hidden_size, cfg.intermediate_size)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        rope: &Rope,
+        cache: &mut candle_nn::kv_cache::KvCache,
+    ) -> Result<Tensor> {
+        let h = (x + self
+            .attn
+            .forward(&self.input_norm.forward(x)?, pos, rope, cache)?)?;
+        let m = self.mlp.forward(&self.post_attention_norm.forward(&h)?)?;
+        Ok((h + m)?)
+    }
+}
+
+/// Options fixed at load time.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Weight dtype in memory (f32 or f16 on CPU; bf16 is refused on CPU).
+    pub dtype: DType,
+    pub device: Device,
+    /// Longest sequence (prompt + generated) this instance serves; defaults to
+    /// `min(max_position_embeddings, 4096)`.
+    pub max_context: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F32,
+            device: Device::Cpu,
+            max_context: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Model {
+    cfg: Config,
+    embed_tokens: Tensor,
+    pub blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    max_context: usize,
+    device: Device,
+}
+
+impl Model {
+    /// Loads a model from an HF checkpoint folder (`config.json` + `*.safetensors`).
+    pub fn from_dir(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!(
+                "model folder {} does not exist (run `selectinfer prepare-model` first)",
+                dir.display()
+            );
+        }
+        let cfg = Config::from_file(&dir.join("config.json"))?;
+        let files = safetensors_files(dir)?;
+        if opts.device.is_cpu() && !matches!(opts.dtype, DType::F32 | DType::F16) {
+            bail!(
+                "dtype {:?} is not supported on CPU: use f32 or f16",
+                opts.dtype
+            );
+        }
+        // SAFETY: the files are not modified while mapped (we own the folder).
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
+            .with_context(|| format!("reading weights in {}", dir.display()))?;
+        Self::load(vb, &cfg, opts).with_context(|| format!("loading model from {}", dir.display()))
+    }
+
+    pub fn load(vb: VarBuilder, cfg: &Config, opts: &LoadOptions) -> Result<Self> {
+        cfg.validate()?;
+        let max_context = opts
+            .max_context
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        let embed_tokens = vb
+            .get(
+                (cfg.vocab_size, cfg.hidden_size),
+                "model.embed_tokens.weight",
+            )
+            .context("loading model.embed_tokens.weight")?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| Block::load(vb.pp(format!("model.layers.{i}")), cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(vb.pp("model.norm"), cfg.hidden_size, cfg.rms_norm_eps)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed_tokens.clone(), None)?
+        } else {
+            Linear::new(
+                vb.get((cfg.vocab_size, cfg.hidden_size), "lm_head.weight")
+                    .context("loading lm_head.weight")?,
+                None,
+            )?
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed_tokens,
+            blocks,
+            norm,
+            lm_head,
+            rope: Rope::new(cfg, max_context, &opts.device)?,
+            max_context,
+            device: opts.device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Dtype of the weight matrices.
+    pub fn dtype(&self) -> DType {
+        self.lm_head.weight().dtype()
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.blocks.len())
+    }
+
+    /// Bytes of weights read to decode one token: every block, the final
+    /// norm and the lm_head (one embedding row is negligible).
+    pub fn decode_weight_bytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes())
+            .sum();
+        blocks + self.lm_head.weight_bytes()
+    }
+
+    /// Runs `tokens` at positions `cache.len()..` and returns the logits of
+    /// the last one, `[vocab]` f32.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_with(tokens, cache, |_, x| Ok(x))
+    }
+
+    /// Like [`Model::forward`], letting `hook(layer, hidden)` see/replace each
+    /// block's output.
+    pub fn forward_with(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mut hook: impl FnMut(usize, Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        if tokens.is_empty() {
+            bail!("forward called with no tokens");
+        }
+        let pos = cache.len();
+        if pos + tokens.len() > self.max_context {
+            bail!(
+                "sequence of {} tokens exceeds the context of {} tokens",
+                pos + tokens.len(),
+                self.max_context
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            );
+        }
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&ids, 0)?
+            .to_dtype(DType::F32)?
+            .unsqueeze(0)?;
+        for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
+        {
+            x = block.forward(&x, pos, &self.rope, layer_cache)?;
+            x = hook(i, x)?;
+        }
+        let last = x.narrow(1, tokens.len() - 1, 1)?;
+        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
+        Ok(logits.flatten_all()?)
+    }
+}
+
+/// The `*.safetensors` files of a checkpoint folder, sorted.
+fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no *.safetensors weights in {}", dir.display());
+    }
+    Ok(files)
+}
