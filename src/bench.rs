@@ -54,6 +54,9 @@ pub struct BenchReport {
     pub roofline_percent: Option<f64>,
 }
 
+/// A forward pass `(tokens, position) -> last-token logits` of some engine.
+type ForwardFn<'a> = Box<dyn FnMut(&[u32], usize) -> Result<Tensor> + 'a>;
+
 /// One prompt's timings.
 struct Run {
     prompt_tokens: usize,
@@ -101,11 +104,7 @@ pub fn run(engine: &Engine, model_dir: &Path, opts: &BenchOptions) -> Result<Ben
         .iter()
         .map(|p| engine.codec.chat_prompt_ids(p))
         .collect::<Result<Vec<_>>>()?;
-    let (mut forward, weight_bytes, dtype): (
-        Box<dyn FnMut(&[u32], usize) -> Result<Tensor>>,
-        u64,
-        String,
-    ) = match opts.engine {
+    let (mut forward, weight_bytes, dtype): (ForwardFn, u64, String) = match opts.engine {
         BenchEngine::Dense => {
             let model = &engine.model;
             let mut cache = model.new_cache();

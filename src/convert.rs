@@ -25,7 +25,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 /// Bumped whenever the converter's output changes, so old folders get redone.
-pub const CONVERTER_VERSION: u32 = 1;
+pub const CONVERTER_VERSION: u32 = 2;
 const STAMP_FILE: &str = "prepared.json";
 
 /// Storage dtype of the converted weights.
@@ -135,7 +135,11 @@ impl Gguf {
     }
     fn f64(&self, key: &str) -> Result<f64> {
         let v = self.value(key)?;
-        Ok(v.to_f32().map(f64::from).or_else(|_| v.to_f64())?)
+        // f32 metadata is printed at f32 precision (1e-5, not 9.99999974e-6).
+        match v.to_f32() {
+            Ok(x) => Ok(x.to_string().parse()?),
+            Err(_) => Ok(v.to_f64()?),
+        }
     }
     fn string(&self, key: &str) -> Result<String> {
         Ok(self.value(key)?.to_string()?.clone())
@@ -248,6 +252,25 @@ fn hf_config(g: &Gguf, arch: Arch, dtype: WeightDtype) -> Result<serde_json::Val
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
+/// Texts llama.cpp treats as end-of-generation tokens and therefore as
+/// control tokens, even when the GGUF types them as normal (llama.cpp's
+/// `llama_vocab::impl::load` overrides their type). Qwen2.5's vocabulary has
+/// `</s>` as a normal token, which llama.cpp then never splits; we do the same
+/// so token ids match llama.cpp's.
+const LLAMA_CPP_EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+    "</s>",
+];
+
 /// Qwen2's pre-tokenizer regex (as in its HF tokenizer.json and llama.cpp).
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -309,7 +332,11 @@ fn build_tokenizer(g: &Gguf) -> Result<Tokenizer> {
     let specials: Vec<AddedToken> = tokens
         .iter()
         .zip(&types)
-        .filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED)
+        .filter(|(tok, t)| {
+            **t == TOKEN_TYPE_CONTROL
+                || **t == TOKEN_TYPE_USER_DEFINED
+                || LLAMA_CPP_EOG_TEXTS.contains(&tok.as_str())
+        })
         .map(|(tok, _)| AddedToken::from(tok.clone(), true))
         .collect();
     tokenizer

@@ -9,7 +9,7 @@
 //! own part of the matrix. They are exposed as candle custom ops so the model
 //! code stays in candle tensors; on other devices callers use plain matmul.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape};
 use half::f16;
 use rayon::prelude::*;
 
@@ -212,6 +212,154 @@ impl CustomOp2 for SwiGluDown {
         let mut dims = gl.shape().dims().to_vec();
         *dims.last_mut().expect("rank >= 1") = h;
         Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+/// RMSNorm of a single row: `x / rms(x) * weight`, without thread dispatch.
+pub struct RmsNormRow {
+    pub eps: f32,
+}
+
+impl CustomOp2 for RmsNormRow {
+    fn name(&self) -> &'static str {
+        "selectinfer-rmsnorm-row"
+    }
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x: &[f32] = contiguous(xs, xl, "rmsnorm input")?;
+        let w: &[f32] = contiguous(ws, wl, "rmsnorm weight")?;
+        if x.len() != w.len() {
+            candle_core::bail!("rmsnorm: row of {} for weight of {}", x.len(), w.len());
+        }
+        let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+        let inv = 1.0 / (ms + self.eps).sqrt();
+        let out = x.iter().zip(w).map(|(v, w)| v * inv * w).collect();
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+}
+
+/// Rotates the first `rotated_heads` heads of a single row of fused q/k/v
+/// activations (HF "rotate half" layout) at position `pos`, given the cos/sin
+/// tables `[positions, head_dim / 2]`. The remaining (v) heads are copied.
+pub struct RopeRow {
+    pub pos: usize,
+    pub head_dim: usize,
+    pub rotated_heads: usize,
+}
+
+impl CustomOp3 for RopeRow {
+    fn name(&self) -> &'static str {
+        "selectinfer-rope-row"
+    }
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+        ss: &CpuStorage,
+        sl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x: &[f32] = contiguous(xs, xl, "rope input")?;
+        let cos: &[f32] = contiguous(cs, cl, "rope cos")?;
+        let sin: &[f32] = contiguous(ss, sl, "rope sin")?;
+        let half = self.head_dim / 2;
+        if (self.pos + 1) * half > cos.len() || self.rotated_heads * self.head_dim > x.len() {
+            candle_core::bail!("rope: position {} or heads out of range", self.pos);
+        }
+        let (cos, sin) = (
+            &cos[self.pos * half..][..half],
+            &sin[self.pos * half..][..half],
+        );
+        let mut out = x.to_vec();
+        for head in out[..self.rotated_heads * self.head_dim].chunks_exact_mut(self.head_dim) {
+            let (a, b) = head.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                a[i] = x1 * cos[i] - x2 * sin[i];
+                b[i] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+}
+
+/// Attention of one query token over the cached keys/values:
+/// `q [heads * head_dim]`, `k`, `v` `[1, kv_heads, T, head_dim]` (any strides
+/// with a contiguous last dim) → `[1, 1, heads * head_dim]`. Grouped-query:
+/// query head `h` uses kv head `h / (heads / kv_heads)`.
+pub struct DecodeAttention {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl CustomOp3 for DecodeAttention {
+    fn name(&self) -> &'static str {
+        "selectinfer-decode-attention"
+    }
+    fn cpu_fwd(
+        &self,
+        qs: &CpuStorage,
+        ql: &Layout,
+        ks: &CpuStorage,
+        kl: &Layout,
+        vs: &CpuStorage,
+        vl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let q: &[f32] = contiguous(qs, ql, "attention query")?;
+        let (k, v) = (ks.as_slice::<f32>()?, vs.as_slice::<f32>()?);
+        let (_, nkv, t, hd) = kl.shape().dims4()?;
+        if nkv != self.kv_heads
+            || hd != self.head_dim
+            || vl.shape() != kl.shape()
+            || q.len() != self.heads * hd
+        {
+            candle_core::bail!(
+                "decode attention: inconsistent shapes q {} k {:?} v {:?}",
+                q.len(),
+                kl.shape(),
+                vl.shape()
+            );
+        }
+        if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
+            candle_core::bail!("decode attention: k/v rows must be contiguous");
+        }
+        let group = self.heads / self.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; self.heads * hd];
+        let mut scores = vec![0f32; t];
+        for h in 0..self.heads {
+            let kvh = h / group;
+            let qh = &q[h * hd..(h + 1) * hd];
+            let kbase = kl.start_offset() + kvh * kl.stride()[1];
+            let vbase = vl.start_offset() + kvh * vl.stride()[1];
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in scores.iter_mut().enumerate() {
+                let row = &k[kbase + j * kl.stride()[2]..][..hd];
+                *s = <f32 as WeightElem>::dot(row, qh) * scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let o = &mut out[h * hd..(h + 1) * hd];
+            for (j, s) in scores.iter().enumerate() {
+                let p = s / sum;
+                let row = &v[vbase + j * vl.stride()[2]..][..hd];
+                for (oi, vi) in o.iter_mut().zip(row) {
+                    *oi += p * vi;
+                }
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((1, 1, self.heads * hd))))
     }
 }
 

