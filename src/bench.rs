@@ -7,8 +7,10 @@
 //! (`candle-gguf`).
 
 use crate::generate::Engine;
+use crate::model::LoadOptions;
 use crate::prepare::GGUF_FILE;
 use crate::sysinfo;
+use crate::text::TextCodec;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
@@ -52,6 +54,9 @@ pub struct BenchReport {
     pub roofline_tokens_per_s: Option<f64>,
     /// `decode tok/s ÷ roofline`, in percent.
     pub roofline_percent: Option<f64>,
+    /// The chat-formatted prompts as token ids, so other engines can be run
+    /// on exactly the same input (`scripts/bench_engines.py`).
+    pub prompt_token_ids: Vec<Vec<u32>>,
 }
 
 /// A forward pass `(tokens, position) -> last-token logits` of some engine.
@@ -94,41 +99,45 @@ pub struct BenchOptions {
     pub measure_bandwidth: bool,
 }
 
-/// Benchmarks `engine` (already loaded, used for tokenization and, for
-/// `dense`, for the forward passes) on [`BENCH_PROMPTS`].
-pub fn run(engine: &Engine, model_dir: &Path, opts: &BenchOptions) -> Result<BenchReport> {
+/// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
+/// our model with `load`; `candle-gguf` loads only the tokenizer and the GGUF.
+pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<BenchReport> {
     if opts.new_tokens < 2 {
         bail!("bench needs at least 2 new tokens per prompt");
     }
-    let prompts = BENCH_PROMPTS
-        .iter()
-        .map(|p| engine.codec.chat_prompt_ids(p))
-        .collect::<Result<Vec<_>>>()?;
-    let (mut forward, weight_bytes, dtype): (ForwardFn, u64, String) = match opts.engine {
-        BenchEngine::Dense => {
-            let model = &engine.model;
-            let mut cache = model.new_cache();
-            let dtype = format!("{:?}", model.dtype()).to_lowercase();
-            (
-                Box::new(move |ids: &[u32], pos: usize| {
+    let engine;
+    let (codec, mut forward, weight_bytes, dtype): (TextCodec, ForwardFn, u64, String) =
+        match opts.engine {
+            BenchEngine::Dense => {
+                engine = Engine::load(model_dir, load)?;
+                let model = &engine.model;
+                let codec = TextCodec::from_dir(model_dir, &model.config().eos_token_ids())?;
+                let mut cache = model.new_cache();
+                let dtype = format!("{:?}", model.dtype()).to_lowercase();
+                let forward = Box::new(move |ids: &[u32], pos: usize| {
                     if pos == 0 {
                         cache.reset();
                     }
                     model.forward(ids, &mut cache)
-                }),
-                model.decode_weight_bytes() as u64,
-                dtype,
-            )
-        }
-        BenchEngine::CandleGguf => {
-            let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
-            (
-                Box::new(move |ids: &[u32], pos: usize| q.forward(ids, pos)),
-                bytes,
-                "gguf".to_string(),
-            )
-        }
-    };
+                });
+                (codec, forward, model.decode_weight_bytes() as u64, dtype)
+            }
+            BenchEngine::CandleGguf => {
+                let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
+                let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
+                let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
+                (
+                    codec,
+                    Box::new(move |ids: &[u32], pos: usize| q.forward(ids, pos)),
+                    bytes,
+                    "gguf".to_string(),
+                )
+            }
+        };
+    let prompts = BENCH_PROMPTS
+        .iter()
+        .map(|p| codec.chat_prompt_ids(p))
+        .collect::<Result<Vec<_>>>()?;
     // Warm-up: one short run (page faults, kernel repacking, thread pool).
     timed_run(&prompts[0], 4, &mut *forward)?;
     let runs = prompts
@@ -140,6 +149,8 @@ pub fn run(engine: &Engine, model_dir: &Path, opts: &BenchOptions) -> Result<Ben
     let ttft: f64 = runs.iter().map(|r| r.ttft_s).sum();
     let decode_s: f64 = runs.iter().map(|r| r.decode_s).sum();
     let decode_tps = (runs.len() * (opts.new_tokens - 1)) as f64 / decode_s;
+    // Read the peak RSS before the bandwidth probe allocates its buffer.
+    let peak_rss_bytes = sysinfo::peak_rss_bytes();
     let bandwidth = opts
         .measure_bandwidth
         .then(|| sysinfo::measure_read_bandwidth(1 << 30, 5));
@@ -153,11 +164,12 @@ pub fn run(engine: &Engine, model_dir: &Path, opts: &BenchOptions) -> Result<Ben
         prefill_tokens_per_s: prompt_tokens as f64 / ttft,
         decode_tokens_per_s: decode_tps,
         ttft_s: ttft / n,
-        peak_rss_bytes: sysinfo::peak_rss_bytes(),
+        peak_rss_bytes,
         weight_bytes_per_token: weight_bytes,
         bandwidth_gb_s: bandwidth,
         roofline_tokens_per_s: roofline,
         roofline_percent: roofline.map(|r| 100.0 * decode_tps / r),
+        prompt_token_ids: prompts,
     })
 }
 

@@ -7,9 +7,12 @@
 
 pub mod bench;
 pub mod convert;
+pub mod data;
 pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod prepare;
+pub mod profile;
+pub mod ranking;
 pub mod sysinfo;
 pub mod text;

@@ -33,6 +33,13 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            dtype: self.dtype.dtype(),
+            ..Default::default()
+        }
+    }
+
     fn load(&self) -> Result<Engine> {
         Engine::load(
             &self.model,
@@ -141,10 +148,9 @@ fn run(cli: Cli) -> Result<()> {
             bandwidth,
             json,
         } => {
-            let loaded = model.load()?;
             let report = bench::run(
-                &loaded,
                 &model.model,
+                &model.load_options(),
                 &BenchOptions {
                     engine,
                     new_tokens,

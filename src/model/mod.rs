@@ -21,6 +21,11 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 use std::path::Path;
 
+/// Sees one block's MLP activations `silu(gate)·up` (the profiler's hook).
+pub type MlpObserver<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
+/// Sees every block's MLP activations, with the layer index.
+pub type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+
 /// RoPE tables for positions `0..max_positions`.
 #[derive(Debug, Clone)]
 struct Rope {
@@ -316,17 +321,28 @@ impl Block {
         })
     }
 
+    /// One block at positions `pos..`; `observe` (the profiler) sees the
+    /// MLP activations `silu(gate)·up`.
     fn forward(
         &self,
         x: &Tensor,
         pos: usize,
         rope: &Rope,
         cache: &mut candle_nn::kv_cache::KvCache,
+        observe: Option<MlpObserver>,
     ) -> Result<Tensor> {
         let h = (x + self
             .attn
             .forward(&self.input_norm.forward(x)?, pos, rope, cache)?)?;
-        let m = self.mlp.forward(&self.post_attention_norm.forward(&h)?)?;
+        let normed = self.post_attention_norm.forward(&h)?;
+        let m = match observe {
+            Some(obs) => {
+                let a = self.mlp.activations(&normed)?;
+                obs(&a)?;
+                self.mlp.down(&a)?
+            }
+            None => self.mlp.forward(&normed)?,
+        };
         Ok((h + m)?)
     }
 }
@@ -458,16 +474,26 @@ impl Model {
     /// Runs `tokens` at positions `cache.len()..` and returns the logits of
     /// the last one, `[vocab]` f32.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        self.forward_with(tokens, cache, |_, x| Ok(x))
+        self.forward_inner(tokens, cache, None)
     }
 
-    /// Like [`Model::forward`], letting `hook(layer, hidden)` see/replace each
-    /// block's output.
-    pub fn forward_with(
+    /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
+    /// activations `a = silu(gate)·up` (`[1, seq, N]`, f32) — the profiler's
+    /// view of the network.
+    pub fn forward_observed(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
-        mut hook: impl FnMut(usize, Tensor) -> Result<Tensor>,
+        observe: LayerObserver,
+    ) -> Result<Tensor> {
+        self.forward_inner(tokens, cache, Some(observe))
+    }
+
+    fn forward_inner(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mut observe: Option<LayerObserver>,
     ) -> Result<Tensor> {
         if tokens.is_empty() {
             bail!("forward called with no tokens");
@@ -494,13 +520,80 @@ impl Model {
             .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
-            x = block.forward(&x, pos, &self.rope, layer_cache)?;
-            x = hook(i, x)?;
+            x = match observe.as_deref_mut() {
+                Some(obs) => block.forward(
+                    &x,
+                    pos,
+                    &self.rope,
+                    layer_cache,
+                    Some(&mut |a: &Tensor| obs(i, a)),
+                )?,
+                None => block.forward(&x, pos, &self.rope, layer_cache, None)?,
+            };
         }
         let last = x.narrow(1, tokens.len() - 1, 1)?;
         let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
         Ok(logits.flatten_all()?)
     }
+}
+
+/// sha256 of a checkpoint's weight files (in name order), cached next to
+/// them in `weights.sha256` keyed by size and modification time, so it is
+/// computed once per prepared model rather than on every start.
+pub fn weights_sha256(dir: &Path) -> Result<String> {
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+    struct Stamp {
+        files: Vec<(String, u64, u128)>,
+        sha256: String,
+    }
+    let files = safetensors_files(dir)?;
+    let mut keys = Vec::new();
+    for f in &files {
+        let m = std::fs::metadata(f).with_context(|| format!("reading {}", f.display()))?;
+        let mtime = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        keys.push((
+            f.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string(),
+            m.len(),
+            mtime,
+        ));
+    }
+    let cache = dir.join("weights.sha256");
+    if let Some(stamp) = std::fs::read(&cache)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok())
+    {
+        if stamp.files == keys {
+            return Ok(stamp.sha256);
+        }
+    }
+    let digests: Vec<String> = files
+        .iter()
+        .map(|f| crate::prepare::sha256_file(f).map(|x| x.1))
+        .collect::<Result<_>>()?;
+    let sha256 = if digests.len() == 1 {
+        digests[0].clone()
+    } else {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(digests.join("\n").as_bytes()))
+    };
+    let stamp = Stamp {
+        files: keys,
+        sha256: sha256.clone(),
+    };
+    if let Err(e) = std::fs::write(&cache, serde_json::to_vec(&stamp)?) {
+        log::debug!(
+            "could not cache the weights hash in {}: {e}",
+            cache.display()
+        );
+    }
+    Ok(sha256)
 }
 
 /// The `*.safetensors` files of a checkpoint folder, sorted.
