@@ -14,8 +14,8 @@ Steps, every measurement in its own process, strictly one after another:
      memory read bandwidth (GB/s); this run is also that row's result.
   2. For each model: `selectinfer bench --json` with dense f32, dense f16 and
      candle-gguf (candle-transformers' quantized model on model.gguf), same
-     --new-tokens, RAYON_NUM_THREADS=--threads (candle-gguf with --dtype f16: the
-     CLI also loads our dense model for the tokenizer, so its peak RSS includes it).
+     --new-tokens, RAYON_NUM_THREADS=--threads (candle-gguf loads only the
+     tokenizer and the GGUF).
   3. llama.cpp (xllamacpp, scripts/reference/bench_llamacpp.py --token-ids) on
      the same model.gguf and the same prompt token ids (prompt_token_ids of our
      report), --threads threads. Its TTFT is llama.cpp's prompt_ms (prompt eval
@@ -105,18 +105,15 @@ def markdown(result):
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for x in r["rows"]:
         rss = f"{x['peak_rss_bytes'] / 2**20:.0f}"
-        rss += {"llama.cpp": " (b)", "candle-gguf": " (c)"}.get(x["engine"], "")
-        if x["report"].get("bandwidth_gb_s"):
-            rss += " (a)"
+        rss += {"llama.cpp": " (a)"}.get(x["engine"], "")
         cells = [x["model"], x["engine"], x["dtype"], f"{x['weight_bytes_per_token'] / 1e6:.1f}",
                  f"{x['prefill_tokens_per_s']:.1f}", f"{x['decode_tokens_per_s']:.1f}",
                  f"{x['ttft_s']:.3f}", rss, f"{x['roofline_percent']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "(a) this run also measured the bandwidth; its peak RSS includes that 1 GiB "
-              "buffer.", "(b) llama.cpp runs inside a Python process (xllamacpp), which the "
+    lines += ["", "(a) llama.cpp runs inside a Python process (xllamacpp), which the "
               "peak RSS includes; its TTFT is llama.cpp's prompt_ms (prompt eval + first sample, "
-              "no HTTP).", "(c) includes our dense f16 model, which the CLI loads for the "
-              "tokenizer.", "Decode tok/s excludes each prompt's first token (counted in TTFT); "
+              "no HTTP).", "Peak RSS of our rows is read before the bandwidth probe; dense rows "
+              "include the transient mmap of model.safetensors during loading.", "Decode tok/s excludes each prompt's first token (counted in TTFT); "
               "llama.cpp's bytes/token are those of the candle-gguf row (same GGUF tensors)."]
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@
 //! odd examples) so that [`ProfileRun::report`] can tell how stable the
 //! rankings are.
 
-use crate::data::{self, Example};
+use crate::data;
 use crate::generate::Engine;
 use crate::ranking::{LayerRanking, ModelIdentity, Ranking, RankingMeta, TaskMeta};
 use anyhow::{bail, Context, Result};
@@ -166,26 +166,70 @@ impl ProfileRun {
     }
 }
 
-/// Reads a dataset and renders its prompts.
-fn prompts(spec: &DatasetSpec) -> Result<(Vec<Example>, Vec<String>, String)> {
-    let examples = data::load_jsonl(&spec.path, Some(spec.examples))
+/// A task's prompts, ready to run.
+struct TaskJob<'a> {
+    spec: &'a DatasetSpec,
+    prompts: Vec<Vec<u32>>,
+    dataset_sha256: String,
+    skipped_too_long: usize,
+}
+
+/// Reads a dataset and tokenizes the chat-formatted prompts of its first
+/// `spec.examples` rows that fit in `max_prompt_tokens`; longer ones are
+/// skipped (and counted, and logged).
+fn task_job<'a>(
+    engine: &Engine,
+    spec: &'a DatasetSpec,
+    max_prompt_tokens: usize,
+) -> Result<TaskJob<'a>> {
+    let examples = data::load_jsonl(&spec.path, None)
         .with_context(|| format!("loading the '{}' dataset", spec.task))?;
-    if examples.len() < spec.examples {
-        log::warn!(
-            "task '{}': {} has only {} examples (asked for {})",
+    let mut prompts = Vec::with_capacity(spec.examples);
+    let mut skipped = 0;
+    for e in &examples {
+        if prompts.len() == spec.examples {
+            break;
+        }
+        let text = data::render_template(&spec.template, e)
+            .with_context(|| format!("rendering prompts of task '{}'", spec.task))?;
+        let ids = engine
+            .codec
+            .chat_prompt_ids(&text)
+            .with_context(|| format!("task '{}' example {}", spec.task, e.id))?;
+        if ids.len() > max_prompt_tokens {
+            log::warn!(
+                "task '{}': skipping example {} ({} prompt tokens > max_prompt_tokens {max_prompt_tokens})",
+                spec.task,
+                e.id,
+                ids.len()
+            );
+            skipped += 1;
+            continue;
+        }
+        prompts.push(ids);
+    }
+    if prompts.is_empty() {
+        bail!(
+            "task '{}': no example of {} fits in {max_prompt_tokens} prompt tokens",
             spec.task,
-            spec.path.display(),
-            examples.len(),
+            spec.path.display()
+        );
+    }
+    if prompts.len() < spec.examples {
+        log::warn!(
+            "task '{}': only {} usable examples (asked for {})",
+            spec.task,
+            prompts.len(),
             spec.examples
         );
     }
-    let rendered = examples
-        .iter()
-        .map(|e| data::render_template(&spec.template, e))
-        .collect::<Result<Vec<_>>>()
-        .with_context(|| format!("rendering prompts of task '{}'", spec.task))?;
-    let (_, sha) = crate::prepare::sha256_file(&spec.path)?;
-    Ok((examples, rendered, sha))
+    let (_, dataset_sha256) = crate::prepare::sha256_file(&spec.path)?;
+    Ok(TaskJob {
+        spec,
+        prompts,
+        dataset_sha256,
+        skipped_too_long: skipped,
+    })
 }
 
 /// Runs the profiler. With `score == false` the same forward passes run
@@ -200,30 +244,19 @@ pub fn run(
     cfg.validate()?;
     let mcfg = engine.model.config().clone();
     let (layers, width) = (mcfg.num_hidden_layers, mcfg.intermediate_size);
-    // Load and render everything first: bad datasets fail before any work.
-    let mut jobs = Vec::new();
-    for spec in &cfg.datasets {
-        let (examples, rendered, sha) = prompts(spec)?;
-        let ids = rendered
-            .iter()
-            .zip(&examples)
-            .map(|(p, e)| {
-                let ids = engine.codec.chat_prompt_ids(p).with_context(|| format!("example {}", e.id))?;
-                if ids.len() > cfg.max_prompt_tokens {
-                    bail!(
-                        "task '{}' example {}: prompt has {} tokens, more than max_prompt_tokens {}",
-                        spec.task,
-                        e.id,
-                        ids.len(),
-                        cfg.max_prompt_tokens
-                    );
-                }
-                Ok(ids)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        jobs.push((spec, ids, sha));
-    }
-    let total: u64 = jobs.iter().map(|(_, ids, _)| ids.len() as u64).sum();
+    // Load and tokenize everything first: bad datasets fail before any work.
+    let jobs = cfg
+        .datasets
+        .iter()
+        .map(|spec| {
+            task_job(
+                engine,
+                spec,
+                cfg.max_prompt_tokens.min(engine.model.max_context() - 1),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let total: u64 = jobs.iter().map(|j| j.prompts.len() as u64).sum();
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template(
             "{msg:14} [{bar:30}] {pos}/{len} examples, {per_sec} ({eta} left)",
@@ -234,7 +267,8 @@ pub fn run(
     let start = Instant::now();
     let mut all_tokens = 0u64;
     let mut tasks = Vec::new();
-    for (spec, prompt_ids, dataset_sha) in jobs {
+    for job in jobs {
+        let (spec, prompt_ids) = (job.spec, &job.prompts);
         bar.set_message(spec.task.clone());
         let mut halves = [Sums::new(layers, width), Sums::new(layers, width)];
         for (i, ids) in prompt_ids.iter().enumerate() {
@@ -255,8 +289,9 @@ pub fn run(
             meta: TaskMeta {
                 name: spec.task.clone(),
                 dataset: spec.path.display().to_string(),
-                dataset_sha256: dataset_sha,
+                dataset_sha256: job.dataset_sha256,
                 examples: prompt_ids.len(),
+                skipped_too_long: job.skipped_too_long,
                 tokens,
                 prompt_template: spec.template.clone(),
             },

@@ -65,6 +65,8 @@ pub struct TaskMeta {
     pub dataset: String,
     pub dataset_sha256: String,
     pub examples: usize,
+    /// Rows passed over because their prompt exceeded `max_prompt_tokens`.
+    pub skipped_too_long: usize,
     /// Tokens whose activations were scored (prompt + generated).
     pub tokens: u64,
     pub prompt_template: String,

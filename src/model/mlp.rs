@@ -10,6 +10,7 @@
 
 use crate::kernels::SwiGluDown;
 use crate::model::linear::{is_single_row, Linear};
+use crate::rowread::RowSource;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;
@@ -21,6 +22,8 @@ pub struct Mlp {
     /// `down_proj` transposed: neuron `n` is row `n`, shape `[N, H]`.
     down_t: Tensor,
     width: usize,
+    /// Original indices of the neurons held, when this is a subset.
+    neurons: Option<Vec<u32>>,
 }
 
 impl Mlp {
@@ -44,7 +47,56 @@ impl Mlp {
             gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None)?,
             down_t: down_t.contiguous()?,
             width,
+            neurons: None,
         })
+    }
+
+    /// Loads only `neurons` (original indices) of layer `prefix` (e.g.
+    /// `model.layers.3.mlp`) with `pread`: gate/up rows and down_proj
+    /// columns; nothing else of the MLP is read into memory. Neurons are
+    /// held in ascending index order (so consecutive rows are read at once,
+    /// and loading every neuron gives exactly the dense MLP).
+    pub fn load_neurons(
+        source: &RowSource,
+        prefix: &str,
+        neurons: &[u32],
+        hidden: usize,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let mut sorted = neurons.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let neurons = &sorted[..];
+        let name = |part: &str| format!("{prefix}.{part}.weight");
+        let read = |part: &str, down: bool| -> Result<Tensor> {
+            let n = name(part);
+            let r = source.find(&n)?;
+            let t = if down {
+                r.columns_t(&n, neurons, dtype)?
+            } else {
+                r.rows(&n, neurons, dtype)?
+            };
+            if t.dim(1)? != hidden {
+                anyhow::bail!(
+                    "{n}: expected {hidden} along the hidden dimension, found {:?}",
+                    r.entry(&n)?.shape
+                );
+            }
+            Ok(t.to_device(device)?)
+        };
+        let mut mlp = Self::from_neuron_rows(
+            &read("gate_proj", false)?,
+            &read("up_proj", false)?,
+            &read("down_proj", true)?,
+        )?;
+        mlp.neurons = Some(neurons.to_vec());
+        Ok(mlp)
+    }
+
+    /// Original indices of the neurons held (`None`: all, in order).
+    pub fn neurons(&self) -> Option<&[u32]> {
+        self.neurons.as_deref()
     }
 
     /// Number of neurons this MLP computes.

@@ -308,7 +308,12 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn load(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+    /// Loads a block; `mlp` replaces the dense MLP (selective loading).
+    pub fn load(vb: VarBuilder, cfg: &Config, mlp: Option<Mlp>) -> Result<Self> {
+        let mlp = match mlp {
+            Some(m) => m,
+            None => Mlp::load(vb.pp("mlp"), cfg.hidden_size, cfg.intermediate_size)?,
+        };
         Ok(Self {
             input_norm: RmsNorm::load(vb.pp("input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps)?,
             attn: Attention::load(vb.pp("self_attn"), cfg)?,
@@ -317,7 +322,7 @@ impl Block {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            mlp: Mlp::load(vb.pp("mlp"), cfg.hidden_size, cfg.intermediate_size)?,
+            mlp,
         })
     }
 
@@ -356,6 +361,9 @@ pub struct LoadOptions {
     /// Longest sequence (prompt + generated) this instance serves; defaults to
     /// `min(max_position_embeddings, 4096)`.
     pub max_context: Option<usize>,
+    /// Selective loading: which FFN neurons of each layer to read. `None`
+    /// loads every neuron.
+    pub plan: Option<crate::plan::LoadPlan>,
 }
 
 impl Default for LoadOptions {
@@ -364,6 +372,7 @@ impl Default for LoadOptions {
             dtype: DType::F32,
             device: Device::Cpu,
             max_context: None,
+            plan: None,
         }
     }
 }
@@ -400,11 +409,34 @@ impl Model {
         // SAFETY: the files are not modified while mapped (we own the folder).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
             .with_context(|| format!("reading weights in {}", dir.display()))?;
-        Self::load(vb, &cfg, opts).with_context(|| format!("loading model from {}", dir.display()))
+        let source = match &opts.plan {
+            Some(_) => Some(crate::rowread::RowSource::open(&files)?),
+            None => None,
+        };
+        Self::load(vb, &cfg, opts, source.as_ref())
+            .with_context(|| format!("loading model from {}", dir.display()))
     }
 
-    pub fn load(vb: VarBuilder, cfg: &Config, opts: &LoadOptions) -> Result<Self> {
+    /// Loads from `vb`; with `opts.plan`, sparse layers' MLPs are read from
+    /// `rows` instead (only the planned neurons).
+    pub fn load(
+        vb: VarBuilder,
+        cfg: &Config,
+        opts: &LoadOptions,
+        rows: Option<&crate::rowread::RowSource>,
+    ) -> Result<Self> {
         cfg.validate()?;
+        if let Some(plan) = &opts.plan {
+            if plan.layers.len() != cfg.num_hidden_layers || plan.width != cfg.intermediate_size {
+                bail!(
+                    "the load plan has {} layers of {} neurons, the model {} of {}",
+                    plan.layers.len(),
+                    plan.width,
+                    cfg.num_hidden_layers,
+                    cfg.intermediate_size
+                );
+            }
+        }
         let max_context = opts
             .max_context
             .unwrap_or(cfg.max_position_embeddings.min(4096));
@@ -415,7 +447,23 @@ impl Model {
             )
             .context("loading model.embed_tokens.weight")?;
         let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| Block::load(vb.pp(format!("model.layers.{i}")), cfg))
+            .map(|i| {
+                let selective = match (&opts.plan, rows) {
+                    (Some(plan), Some(rows)) if !plan.layers[i].dense => Some(Mlp::load_neurons(
+                        rows,
+                        &format!("model.layers.{i}.mlp"),
+                        &plan.layers[i].loaded,
+                        cfg.hidden_size,
+                        opts.dtype,
+                        &opts.device,
+                    )?),
+                    (Some(_), None) => {
+                        bail!("a load plan needs the checkpoint's files to read rows from")
+                    }
+                    _ => None,
+                };
+                Block::load(vb.pp(format!("model.layers.{i}")), cfg, selective)
+            })
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(vb.pp("model.norm"), cfg.hidden_size, cfg.rms_norm_eps)?;
         let lm_head = if cfg.tie_word_embeddings {

@@ -1,0 +1,199 @@
+//! Reading selected rows of tensors out of a safetensors file with `pread`,
+//! without mapping or reading the whole file (selective loading: the
+//! neurons that are not selected never enter this process's memory).
+//!
+//! `safetensors::SafeTensors::read_metadata` wants the whole buffer, so the
+//! 8-byte header length and the JSON header are parsed here directly.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Where a tensor lives in the file.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Absolute byte offsets `[start, end)` in the file.
+    pub start: u64,
+    pub end: u64,
+}
+
+/// An open safetensors file with its tensor index.
+pub struct RowReader {
+    path: PathBuf,
+    file: File,
+    entries: HashMap<String, TensorEntry>,
+}
+
+fn dtype_of(s: &str) -> Option<DType> {
+    Some(match s {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        _ => return None,
+    })
+}
+
+impl RowReader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let size = file.metadata()?.len();
+        let mut len = [0u8; 8];
+        file.read_exact_at(&mut len, 0)
+            .with_context(|| format!("{}: too short for a safetensors header", path.display()))?;
+        let header_len = u64::from_le_bytes(len);
+        if header_len > 100 << 20 || 8 + header_len > size {
+            bail!(
+                "{}: invalid safetensors header length {header_len}",
+                path.display()
+            );
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact_at(&mut header, 8)?;
+        let json: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
+            .with_context(|| format!("{}: malformed safetensors header", path.display()))?;
+        let data_start = 8 + header_len;
+        let mut entries = HashMap::new();
+        for (name, v) in json {
+            if name == "__metadata__" {
+                continue;
+            }
+            let bad = || format!("{}: malformed header entry for {name}", path.display());
+            let dtype_name = v["dtype"].as_str().with_context(bad)?;
+            let Some(dtype) = dtype_of(dtype_name) else {
+                continue; // not a weight matrix we read row-wise
+            };
+            let shape: Vec<usize> = serde_json::from_value(v["shape"].clone()).with_context(bad)?;
+            let offs: [u64; 2] =
+                serde_json::from_value(v["data_offsets"].clone()).with_context(bad)?;
+            let (start, end) = (data_start + offs[0], data_start + offs[1]);
+            let want = shape.iter().product::<usize>() as u64 * dtype.size_in_bytes() as u64;
+            if end > size || end < start || end - start != want {
+                bail!("{}: tensor {name} has inconsistent offsets", path.display());
+            }
+            entries.insert(
+                name,
+                TensorEntry {
+                    dtype,
+                    shape,
+                    start,
+                    end,
+                },
+            );
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            entries,
+        })
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.entries
+            .get(name)
+            .with_context(|| format!("{}: no tensor {name}", self.path.display()))
+    }
+
+    /// Rows `rows` (in that order) of the 2-D tensor `name` → `[rows.len(), cols]`
+    /// in `dtype`. Consecutive rows are read with one `pread`.
+    pub fn rows(&self, name: &str, rows: &[u32], dtype: DType) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        let [n_rows, cols] = e.shape[..] else {
+            bail!(
+                "{}: {name} is not a matrix ({:?})",
+                self.path.display(),
+                e.shape
+            );
+        };
+        let row_bytes = cols * e.dtype.size_in_bytes();
+        let mut data = vec![0u8; rows.len() * row_bytes];
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let first = rows[i] as usize;
+            if first + (j - i) > n_rows {
+                bail!(
+                    "{}: row {} of {name} is out of range ({n_rows} rows)",
+                    self.path.display(),
+                    rows[j - 1]
+                );
+            }
+            self.file
+                .read_exact_at(
+                    &mut data[i * row_bytes..j * row_bytes],
+                    e.start + (first * row_bytes) as u64,
+                )
+                .with_context(|| format!("{}: reading rows of {name}", self.path.display()))?;
+            i = j;
+        }
+        let t = Tensor::from_raw_buffer(&data, e.dtype, &[rows.len(), cols], &Device::Cpu)?;
+        Ok(t.to_dtype(dtype)?)
+    }
+
+    /// Columns `cols` of the 2-D tensor `name`, transposed → `[cols.len(), rows]`
+    /// in `dtype`. Reads the matrix one row at a time (a row-sized buffer),
+    /// keeping only the selected columns.
+    pub fn columns_t(&self, name: &str, cols: &[u32], dtype: DType) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        let [n_rows, n_cols] = e.shape[..] else {
+            bail!(
+                "{}: {name} is not a matrix ({:?})",
+                self.path.display(),
+                e.shape
+            );
+        };
+        if let Some(&c) = cols.iter().find(|&&c| c as usize >= n_cols) {
+            bail!(
+                "{}: column {c} of {name} is out of range ({n_cols} columns)",
+                self.path.display()
+            );
+        }
+        let elem = e.dtype.size_in_bytes();
+        let mut row = vec![0u8; n_cols * elem];
+        // out[c][r] = matrix[r][cols[c]]
+        let mut out = vec![0u8; cols.len() * n_rows * elem];
+        for r in 0..n_rows {
+            self.file
+                .read_exact_at(&mut row, e.start + (r * n_cols * elem) as u64)
+                .with_context(|| format!("{}: reading {name}", self.path.display()))?;
+            for (c, &col) in cols.iter().enumerate() {
+                let src = col as usize * elem;
+                let dst = (c * n_rows + r) * elem;
+                out[dst..dst + elem].copy_from_slice(&row[src..src + elem]);
+            }
+        }
+        let t = Tensor::from_raw_buffer(&out, e.dtype, &[cols.len(), n_rows], &Device::Cpu)?;
+        Ok(t.to_dtype(dtype)?)
+    }
+}
+
+/// The row readers of all safetensors files of a checkpoint.
+pub struct RowSource {
+    readers: Vec<RowReader>,
+}
+
+impl RowSource {
+    pub fn open(files: &[PathBuf]) -> Result<Self> {
+        Ok(Self {
+            readers: files
+                .iter()
+                .map(|f| RowReader::open(f))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// The reader of the file holding `name`.
+    pub fn find(&self, name: &str) -> Result<&RowReader> {
+        self.readers
+            .iter()
+            .find(|r| r.entries.contains_key(name))
+            .with_context(|| format!("no tensor {name} in the checkpoint"))
+    }
+}
