@@ -6,7 +6,7 @@
 //! 4-bit baseline, candle-transformers' quantized model on the kept GGUF
 //! (`candle-gguf`).
 
-use crate::generate::Engine;
+use crate::generate::{Engine, GenerateOptions};
 use crate::model::LoadOptions;
 use crate::prepare::GGUF_FILE;
 use crate::sysinfo;
@@ -39,6 +39,7 @@ pub enum BenchEngine {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub engine: BenchEngine,
+    pub mode: crate::selective::Mode,
     pub dtype: String,
     pub prompts: usize,
     pub new_tokens_per_prompt: usize,
@@ -59,20 +60,23 @@ pub struct BenchReport {
     pub prompt_token_ids: Vec<Vec<u32>>,
 }
 
-/// A forward pass `(tokens, position) -> last-token logits` of some engine.
-type ForwardFn<'a> = Box<dyn FnMut(&[u32], usize) -> Result<Tensor> + 'a>;
+/// Greedy generation of `n` tokens from a prompt, timed, by some engine.
+type RunFn<'a> = Box<dyn FnMut(&[u32], usize) -> Result<Run> + 'a>;
 
 /// One prompt's timings.
 struct Run {
     prompt_tokens: usize,
     ttft_s: f64,
     decode_s: f64,
+    /// Weight bytes read per decode token.
+    weight_bytes: u64,
 }
 
 /// Runs greedy generation of exactly `n` tokens through `forward(tokens, pos)`.
 fn timed_run(
     prompt: &[u32],
     n: usize,
+    weight_bytes: u64,
     forward: &mut dyn FnMut(&[u32], usize) -> Result<Tensor>,
 ) -> Result<Run> {
     let mut sampler =
@@ -90,11 +94,14 @@ fn timed_run(
         prompt_tokens: prompt.len(),
         ttft_s,
         decode_s: t.elapsed().as_secs_f64(),
+        weight_bytes,
     })
 }
 
 pub struct BenchOptions {
     pub engine: BenchEngine,
+    /// Selective mode of our engine (`None`: dense).
+    pub method: Option<crate::selective::Method>,
     pub new_tokens: usize,
     pub measure_bandwidth: bool,
 }
@@ -105,45 +112,55 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     if opts.new_tokens < 2 {
         bail!("bench needs at least 2 new tokens per prompt");
     }
+    if opts.engine == BenchEngine::CandleGguf && opts.method.is_some() {
+        bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
+    }
     let engine;
-    let (codec, mut forward, weight_bytes, dtype): (TextCodec, ForwardFn, u64, String) =
-        match opts.engine {
-            BenchEngine::Dense => {
-                engine = Engine::load(model_dir, load)?;
-                let model = &engine.model;
-                let codec = TextCodec::from_dir(model_dir, &model.config().eos_token_ids())?;
-                let mut cache = model.new_cache();
-                let dtype = format!("{:?}", model.dtype()).to_lowercase();
-                let forward = Box::new(move |ids: &[u32], pos: usize| {
-                    if pos == 0 {
-                        cache.reset();
-                    }
-                    model.forward(ids, &mut cache)
-                });
-                (codec, forward, model.decode_weight_bytes() as u64, dtype)
-            }
-            BenchEngine::CandleGguf => {
-                let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
-                let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
-                let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
-                (
-                    codec,
-                    Box::new(move |ids: &[u32], pos: usize| q.forward(ids, pos)),
-                    bytes,
-                    "gguf".to_string(),
-                )
-            }
-        };
+    let (codec, mut run_prompt, dtype): (TextCodec, RunFn, String) = match opts.engine {
+        BenchEngine::Dense => {
+            engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
+            let codec = TextCodec::from_dir(model_dir, &engine.model.config().eos_token_ids())?;
+            let dtype = format!("{:?}", engine.model.dtype()).to_lowercase();
+            let engine = &engine;
+            let run = Box::new(move |ids: &[u32], n: usize| -> Result<Run> {
+                let g = engine.generate_ids(
+                    ids,
+                    &GenerateOptions {
+                        max_new_tokens: n,
+                        ignore_eos: true,
+                        ..Default::default()
+                    },
+                    |_| true,
+                )?;
+                Ok(Run {
+                    prompt_tokens: ids.len(),
+                    ttft_s: g.ttft_s,
+                    decode_s: (n - 1) as f64 / g.decode_tokens_per_s.max(1e-9),
+                    weight_bytes: g.decode_weight_bytes,
+                })
+            });
+            (codec, run, dtype)
+        }
+        BenchEngine::CandleGguf => {
+            let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
+            let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
+            let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
+            let mut forward = move |ids: &[u32], pos: usize| q.forward(ids, pos);
+            let run = Box::new(move |ids: &[u32], n: usize| timed_run(ids, n, bytes, &mut forward));
+            (codec, run as RunFn, "gguf".to_string())
+        }
+    };
     let prompts = BENCH_PROMPTS
         .iter()
         .map(|p| codec.chat_prompt_ids(p))
         .collect::<Result<Vec<_>>>()?;
     // Warm-up: one short run (page faults, kernel repacking, thread pool).
-    timed_run(&prompts[0], 4, &mut *forward)?;
+    run_prompt(&prompts[0], 4)?;
     let runs = prompts
         .iter()
-        .map(|p| timed_run(p, opts.new_tokens, &mut *forward))
+        .map(|p| run_prompt(p, opts.new_tokens))
         .collect::<Result<Vec<_>>>()?;
+    let weight_bytes = runs.iter().map(|r| r.weight_bytes).sum::<u64>() / runs.len() as u64;
     let n = runs.len() as f64;
     let prompt_tokens: usize = runs.iter().map(|r| r.prompt_tokens).sum();
     let ttft: f64 = runs.iter().map(|r| r.ttft_s).sum();
@@ -157,6 +174,10 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     let roofline = bandwidth.map(|b| b * 1e9 / weight_bytes as f64);
     Ok(BenchReport {
         engine: opts.engine,
+        mode: opts
+            .method
+            .as_ref()
+            .map_or(crate::selective::Mode::Dense, |m| m.mode),
         dtype,
         prompts: runs.len(),
         new_tokens_per_prompt: opts.new_tokens,

@@ -1,10 +1,12 @@
 //! Text generation on a loaded model: request validation, prefill, the
 //! decode loop with sampling and stop tokens, streaming and statistics.
 
-use crate::model::{LoadOptions, Model};
+use crate::model::{KvCache, LoadOptions, Mlp, Model};
+use crate::selective::{LayerSelector, Method};
 use crate::sysinfo;
 use crate::text::{TextCodec, TextStream};
 use anyhow::{bail, Result};
+use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
 use serde::Serialize;
 use std::path::Path;
@@ -84,6 +86,11 @@ pub struct Generation {
     pub decode_tokens_per_s: f64,
     pub stop_reason: StopReason,
     pub peak_rss_bytes: u64,
+    /// Fraction of the model's FFN neurons computed per decode token (φ
+    /// actually used, over all layers; 1 for dense).
+    pub compute_ratio: f64,
+    /// Bytes of weights read per decode token.
+    pub decode_weight_bytes: u64,
     #[serde(skip)]
     pub token_ids: Vec<u32>,
 }
@@ -107,17 +114,94 @@ impl Default for GenerateOptions {
     }
 }
 
-/// A model with its tokenizer: what `generate`, `bench` and the node drive.
+/// A model with its tokenizer (and, for selective modes, the per-prompt
+/// selection rules): what `generate`, `bench` and the node drive.
 pub struct Engine {
     pub model: Model,
     pub codec: TextCodec,
+    pub method: Option<Method>,
+    selectors: Option<Vec<Option<LayerSelector>>>,
 }
 
+/// Per-layer compact MLPs of one prompt (`None`: the layer's own MLP).
+type CompactMlps = Vec<Option<Mlp>>;
+
 impl Engine {
+    /// Loads a dense engine.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
-        let model = Model::from_dir(dir, opts)?;
+        Self::load_with_method(dir, opts, None)
+    }
+
+    /// Loads an engine running `method` (selective loading per its plan,
+    /// selective computation per prompt).
+    pub fn load_with_method(
+        dir: &Path,
+        opts: &LoadOptions,
+        method: Option<Method>,
+    ) -> Result<Self> {
+        let mut opts = opts.clone();
+        if let Some(m) = &method {
+            opts.plan = m.plan.clone();
+        }
+        let model = Model::from_dir(dir, &opts)?;
         let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
-        Ok(Self { model, codec })
+        let mlps: Vec<&Mlp> = model.blocks.iter().map(|b| &b.mlp).collect();
+        let selectors = method
+            .as_ref()
+            .and_then(|m| m.selector(&mlps, model.config().intermediate_size));
+        Ok(Self {
+            model,
+            codec,
+            method,
+            selectors,
+        })
+    }
+
+    /// Runs the prompt; for selective modes also picks each layer's neurons
+    /// from the prompt's activations and builds the compact MLPs.
+    fn prefill(
+        &self,
+        prompt: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(Tensor, Option<CompactMlps>)> {
+        let Some(selectors) = &self.selectors else {
+            return Ok((self.model.forward(prompt, cache)?, None));
+        };
+        let mut chosen: Vec<Option<Vec<usize>>> = vec![None; selectors.len()];
+        let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
+            if let Some(sel) = &selectors[layer] {
+                chosen[layer] = Some(sel.select(a)?);
+            }
+            Ok(())
+        };
+        let logits = self.model.forward_observed(prompt, cache, &mut observe)?;
+        let compact = chosen
+            .iter()
+            .zip(&self.model.blocks)
+            .map(|(c, b)| c.as_ref().map(|pos| b.mlp.select(pos)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        Ok((logits, Some(compact)))
+    }
+
+    /// FFN neurons computed per decode token / all FFN neurons, and weight
+    /// bytes read per decode token, given the prompt's compact MLPs.
+    fn decode_cost(&self, compact: Option<&CompactMlps>) -> (f64, u64) {
+        let cfg = self.model.config();
+        let mut neurons = 0usize;
+        let mut bytes = self.model.decode_weight_bytes();
+        for (i, b) in self.model.blocks.iter().enumerate() {
+            match compact.and_then(|c| c[i].as_ref()) {
+                Some(m) => {
+                    neurons += m.width();
+                    bytes = bytes - b.mlp.weight_bytes() + m.weight_bytes();
+                }
+                None => neurons += b.mlp.width(),
+            }
+        }
+        (
+            neurons as f64 / (cfg.num_hidden_layers * cfg.intermediate_size) as f64,
+            bytes as u64,
+        )
     }
 
     /// Checks a request against the model before any work is done.
@@ -170,7 +254,7 @@ impl Engine {
         let mut stream = TextStream::new(&self.codec);
         let stop_ids = self.codec.stop_ids();
         let start = Instant::now();
-        let mut logits = self.model.forward(prompt, &mut cache)?;
+        let (mut logits, compact) = self.prefill(prompt, &mut cache)?;
         let mut generated = Vec::new();
         let mut first_token_at = None;
         let mut stop_reason = StopReason::Length;
@@ -193,11 +277,15 @@ impl Engine {
             if generated.len() == opts.max_new_tokens {
                 break;
             }
-            logits = self.model.forward(&[next], &mut cache)?;
+            logits = match &compact {
+                Some(mlps) => self.model.forward_with_mlps(&[next], &mut cache, mlps)?,
+                None => self.model.forward(&[next], &mut cache)?,
+            };
         }
         let total = start.elapsed().as_secs_f64();
         let ttft = first_token_at.unwrap_or(total);
         let decode_steps = generated.len().saturating_sub(1);
+        let (compute_ratio, decode_weight_bytes) = self.decode_cost(compact.as_ref());
         Ok(Generation {
             text: stream.text()?,
             prompt_tokens: prompt.len(),
@@ -211,6 +299,8 @@ impl Engine {
             },
             stop_reason,
             peak_rss_bytes: sysinfo::peak_rss_bytes(),
+            compute_ratio,
+            decode_weight_bytes,
             token_ids: generated,
         })
     }

@@ -16,5 +16,6 @@ pub mod prepare;
 pub mod profile;
 pub mod ranking;
 pub mod rowread;
+pub mod selective;
 pub mod sysinfo;
 pub mod text;

@@ -92,3 +92,78 @@ fn loaded_neurons_and_bytes_match_the_plan() {
         .iter()
         .all(|v| v.is_finite()));
 }
+
+mod compute {
+    use super::common;
+    use selectinfer::generate::{Engine, GenerateOptions};
+    use selectinfer::model::LoadOptions;
+    use selectinfer::plan::SelectionParams;
+    use selectinfer::selective::{Method, Mode};
+
+    fn engine(mode: Mode, load_ratio: f64, compute_ratio: f64) -> Engine {
+        let dir = common::model_dir("smollm2-135m-instruct");
+        let params = SelectionParams {
+            load_ratio,
+            static_ratio: 0.2,
+            compute_ratio,
+            token_ratio: 0.2,
+            dense_layers: vec![0, 29],
+            task: "translation".into(),
+        };
+        let ranking =
+            common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");
+        let method = Method::new(mode, params, &dir, Some(&ranking), 0).unwrap();
+        Engine::load_with_method(&dir, &LoadOptions::default(), Some(method)).unwrap()
+    }
+
+    fn run(e: &Engine) -> selectinfer::generate::Generation {
+        let opts = GenerateOptions {
+            max_new_tokens: 8,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        e.generate_chat(
+            "Translate into English: Der Hund schläft im Garten.",
+            &opts,
+            |_| true,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn phi_equal_gamma_equal_one_reproduces_dense_exactly() {
+        let dense = Engine::load(
+            &common::model_dir("smollm2-135m-instruct"),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let full = engine(Mode::Selectinfer, 1.0, 1.0);
+        let (a, b) = (run(&dense), run(&full));
+        assert_eq!(a.token_ids, b.token_ids);
+        assert_eq!(b.compute_ratio, 1.0);
+        assert_eq!(a.decode_weight_bytes, b.decode_weight_bytes);
+    }
+
+    #[test]
+    fn selectinfer_computes_phi_of_the_neurons() {
+        let e = engine(Mode::Selectinfer, 0.7, 0.4);
+        let g = run(&e);
+        // 28 sparse layers at φ = 0.4 (614 of 1536), 2 dense layers.
+        let want = (28.0 * 614.0 + 2.0 * 1536.0) / (30.0 * 1536.0);
+        assert!(
+            (g.compute_ratio - want).abs() < 1e-9,
+            "{} vs {want}",
+            g.compute_ratio
+        );
+        // Bytes per decode token: the loaded FFN (γ = 0.7 → 1075 neurons in
+        // sparse layers) is replaced by the computed one (614 neurons).
+        let neuron_bytes = 3 * 576 * 4;
+        let loaded_ffn = (28 * 1075 + 2 * 1536) * neuron_bytes;
+        let computed_ffn = (28 * 614 + 2 * 1536) * neuron_bytes;
+        assert_eq!(
+            g.decode_weight_bytes as usize,
+            e.model.decode_weight_bytes() - loaded_ffn + computed_ffn
+        );
+        assert!(!g.text.is_empty());
+    }
+}

@@ -6,7 +6,9 @@ use selectinfer::bench::{self, BenchEngine, BenchOptions};
 use selectinfer::convert::WeightDtype;
 use selectinfer::generate::{Engine, GenerateOptions, Sampling};
 use selectinfer::model::LoadOptions;
+use selectinfer::plan::SelectionParams;
 use selectinfer::prepare;
+use selectinfer::selective::{Method, Mode};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +32,40 @@ struct ModelArgs {
     /// Weight dtype in memory.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: WeightDtype,
+    #[command(flatten)]
+    method: MethodArgs,
+}
+
+/// SelectInfer mode and parameters (fractions of a layer's FFN width).
+#[derive(clap::Args)]
+struct MethodArgs {
+    /// dense, load-only (γ), selectinfer (γ, δ + ε), coreinfer (φ dynamic, full load), random-load.
+    #[arg(long, value_enum, default_value = "dense")]
+    mode: Mode,
+    /// Ranking file; default rankings/<model folder name>.ranking.safetensors.
+    #[arg(long)]
+    ranking: Option<PathBuf>,
+    /// Which task's base ranking to use.
+    #[arg(long, default_value = "qa")]
+    task: String,
+    /// γ: neurons loaded per sparse layer.
+    #[arg(long, default_value_t = 0.7)]
+    load_ratio: f64,
+    /// δ: static (base) neurons always computed.
+    #[arg(long, default_value_t = 0.2)]
+    static_ratio: f64,
+    /// φ = δ + ε: neurons computed per prompt.
+    #[arg(long, default_value_t = 0.4)]
+    compute_ratio: f64,
+    /// α: per prompt token, the fraction of loaded neurons counted as active.
+    #[arg(long, default_value_t = 0.2)]
+    token_ratio: f64,
+    /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
+    #[arg(long, value_delimiter = ',')]
+    dense_layers: Vec<usize>,
+    /// Seed of the random-load subset.
+    #[arg(long, default_value_t = 0)]
+    plan_seed: u64,
 }
 
 impl ModelArgs {
@@ -40,14 +76,36 @@ impl ModelArgs {
         }
     }
 
-    fn load(&self) -> Result<Engine> {
-        Engine::load(
+    /// The selective method, `None` for dense.
+    fn method(&self) -> Result<Option<Method>> {
+        let m = &self.method;
+        if m.mode == Mode::Dense {
+            return Ok(None);
+        }
+        let coreinfer = m.mode == Mode::Coreinfer;
+        let params = SelectionParams {
+            load_ratio: if coreinfer { 1.0 } else { m.load_ratio },
+            static_ratio: if coreinfer { 0.0 } else { m.static_ratio },
+            compute_ratio: m.compute_ratio,
+            token_ratio: m.token_ratio,
+            dense_layers: m.dense_layers.clone(),
+            task: m.task.clone(),
+        };
+        let default_ranking = self.model.file_name().map(|n| {
+            PathBuf::from("rankings").join(format!("{}.ranking.safetensors", n.to_string_lossy()))
+        });
+        let ranking = m.ranking.clone().or(default_ranking);
+        Ok(Some(Method::new(
+            m.mode,
+            params,
             &self.model,
-            &LoadOptions {
-                dtype: self.dtype.dtype(),
-                ..Default::default()
-            },
-        )
+            ranking.as_deref(),
+            m.plan_seed,
+        )?))
+    }
+
+    fn load(&self) -> Result<Engine> {
+        Engine::load_with_method(&self.model, &self.load_options(), self.method()?)
     }
 }
 
@@ -152,6 +210,7 @@ fn run(cli: Cli) -> Result<()> {
                 &model.model,
                 &model.load_options(),
                 &BenchOptions {
+                    method: model.method()?,
                     engine,
                     new_tokens,
                     measure_bandwidth: bandwidth,
@@ -161,8 +220,9 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "{:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, {:.1} MB weights/token",
+                    "{:?} {:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, {:.1} MB weights/token",
                     report.engine,
+                    report.mode,
                     report.dtype,
                     report.prefill_tokens_per_s,
                     report.decode_tokens_per_s,

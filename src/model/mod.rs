@@ -327,7 +327,8 @@ impl Block {
     }
 
     /// One block at positions `pos..`; `observe` (the profiler) sees the
-    /// MLP activations `silu(gate)·up`.
+    /// MLP activations `silu(gate)·up`; `mlp` replaces the block's own MLP
+    /// (a per-prompt compact one).
     fn forward(
         &self,
         x: &Tensor,
@@ -335,18 +336,20 @@ impl Block {
         rope: &Rope,
         cache: &mut candle_nn::kv_cache::KvCache,
         observe: Option<MlpObserver>,
+        mlp: Option<&Mlp>,
     ) -> Result<Tensor> {
         let h = (x + self
             .attn
             .forward(&self.input_norm.forward(x)?, pos, rope, cache)?)?;
         let normed = self.post_attention_norm.forward(&h)?;
+        let mlp = mlp.unwrap_or(&self.mlp);
         let m = match observe {
             Some(obs) => {
-                let a = self.mlp.activations(&normed)?;
+                let a = mlp.activations(&normed)?;
                 obs(&a)?;
-                self.mlp.down(&a)?
+                mlp.down(&a)?
             }
-            None => self.mlp.forward(&normed)?,
+            None => mlp.forward(&normed)?,
         };
         Ok((h + m)?)
     }
@@ -522,7 +525,25 @@ impl Model {
     /// Runs `tokens` at positions `cache.len()..` and returns the logits of
     /// the last one, `[vocab]` f32.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        self.forward_inner(tokens, cache, None)
+        self.forward_inner(tokens, cache, None, None)
+    }
+
+    /// Like [`Model::forward`] with per-layer MLP replacements (`None`
+    /// entries keep the layer's own MLP): selective decode.
+    pub fn forward_with_mlps(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mlps: &[Option<Mlp>],
+    ) -> Result<Tensor> {
+        if mlps.len() != self.blocks.len() {
+            bail!(
+                "{} MLP replacements for {} layers",
+                mlps.len(),
+                self.blocks.len()
+            );
+        }
+        self.forward_inner(tokens, cache, None, Some(mlps))
     }
 
     /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
@@ -534,7 +555,7 @@ impl Model {
         cache: &mut KvCache,
         observe: LayerObserver,
     ) -> Result<Tensor> {
-        self.forward_inner(tokens, cache, Some(observe))
+        self.forward_inner(tokens, cache, Some(observe), None)
     }
 
     fn forward_inner(
@@ -542,6 +563,7 @@ impl Model {
         tokens: &[u32],
         cache: &mut KvCache,
         mut observe: Option<LayerObserver>,
+        mlps: Option<&[Option<Mlp>]>,
     ) -> Result<Tensor> {
         if tokens.is_empty() {
             bail!("forward called with no tokens");
@@ -568,6 +590,7 @@ impl Model {
             .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
+            let mlp = mlps.and_then(|m| m[i].as_ref());
             x = match observe.as_deref_mut() {
                 Some(obs) => block.forward(
                     &x,
@@ -575,8 +598,9 @@ impl Model {
                     &self.rope,
                     layer_cache,
                     Some(&mut |a: &Tensor| obs(i, a)),
+                    mlp,
                 )?,
-                None => block.forward(&x, pos, &self.rope, layer_cache, None)?,
+                None => block.forward(&x, pos, &self.rope, layer_cache, None, mlp)?,
             };
         }
         let last = x.narrow(1, tokens.len() - 1, 1)?;

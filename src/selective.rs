@@ -1,0 +1,188 @@
+//! Selective computation (SelectInfer phase 2, per prompt) and the engine
+//! modes that combine it with selective loading.
+//!
+//! At prefill every loaded neuron runs. For each prompt token the α fraction
+//! of loaded neurons with the largest |activation| form the token's active
+//! set; the ε·N neurons (not static) active for the most tokens are the
+//! prompt's dynamic set. Compact contiguous weights for static + dynamic
+//! neurons are then built once ([`crate::model::Mlp::select`]) and decode
+//! runs dense on them: no per-token gathers on the decode path.
+
+use crate::model::{Config, Mlp};
+use crate::plan::{count, LoadPlan, SelectionParams};
+use crate::ranking::Ranking;
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use std::path::Path;
+
+/// How the engine treats the FFN.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every neuron loaded and computed.
+    Dense,
+    /// γ of the neurons loaded (base then secondary), all loaded ones computed.
+    LoadOnly,
+    /// γ loaded; δ static + ε dynamic (chosen at prefill) computed.
+    Selectinfer,
+    /// Full load, φ·N neurons chosen dynamically per prompt (no profiler).
+    Coreinfer,
+    /// A random γ subset loaded, then as selectinfer.
+    RandomLoad,
+}
+
+impl Mode {
+    pub fn needs_ranking(self) -> bool {
+        matches!(self, Self::LoadOnly | Self::Selectinfer)
+    }
+}
+
+/// What a mode needs at load time and per prompt.
+#[derive(Debug, Clone)]
+pub struct Method {
+    pub mode: Mode,
+    pub params: SelectionParams,
+    pub plan: Option<LoadPlan>,
+}
+
+impl Method {
+    /// Builds the load plan of `mode` (reading and checking the ranking when
+    /// the mode needs one).
+    pub fn new(
+        mode: Mode,
+        params: SelectionParams,
+        model_dir: &Path,
+        ranking: Option<&Path>,
+        seed: u64,
+    ) -> Result<Self> {
+        let cfg = Config::from_file(&model_dir.join("config.json"))?;
+        params.validate(cfg.num_hidden_layers)?;
+        let plan = match mode {
+            Mode::Dense | Mode::Coreinfer => None,
+            Mode::LoadOnly | Mode::Selectinfer => {
+                let path = ranking
+                    .with_context(|| format!("mode {mode:?} needs a ranking file (--ranking)"))?;
+                let r = Ranking::load(path)?;
+                r.check_model(&cfg, &crate::model::weights_sha256(model_dir)?)
+                    .with_context(|| format!("ranking file {}", path.display()))?;
+                Some(LoadPlan::from_ranking(&r, &params)?)
+            }
+            Mode::RandomLoad => Some(LoadPlan::random(
+                cfg.num_hidden_layers,
+                cfg.intermediate_size,
+                &params,
+                seed,
+            )?),
+        };
+        Ok(Self { mode, params, plan })
+    }
+
+    /// Per-layer selection rules for prompts, `None` when the mode computes
+    /// every loaded neuron.
+    pub fn selector(&self, mlps: &[&Mlp], width: usize) -> Option<Vec<Option<LayerSelector>>> {
+        let p = &self.params;
+        let selects = matches!(
+            self.mode,
+            Mode::Selectinfer | Mode::Coreinfer | Mode::RandomLoad
+        );
+        if !selects {
+            return None;
+        }
+        let n_compute = count(p.compute_ratio, width);
+        Some(
+            mlps.iter()
+                .enumerate()
+                .map(|(l, mlp)| {
+                    if p.dense_layers.contains(&l) {
+                        return None;
+                    }
+                    let statics: Vec<u32> = match &self.plan {
+                        Some(plan) => plan.layers[l].loaded[..plan.layers[l].num_static].to_vec(),
+                        None => Vec::new(),
+                    };
+                    let static_positions = positions_of(mlp, &statics);
+                    Some(LayerSelector {
+                        token_k: count(p.token_ratio, mlp.width()).max(1),
+                        dynamic_k: n_compute.saturating_sub(static_positions.len()),
+                        static_positions,
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Positions (rows) in `mlp` of the original neuron ids `ids`.
+fn positions_of(mlp: &Mlp, ids: &[u32]) -> Vec<usize> {
+    let mut pos: Vec<usize> = match mlp.neurons() {
+        Some(held) => ids
+            .iter()
+            .filter_map(|id| held.binary_search(id).ok())
+            .collect(),
+        None => ids.iter().map(|&i| i as usize).collect(),
+    };
+    pos.sort_unstable();
+    pos
+}
+
+/// Selection rule of one sparse layer.
+#[derive(Debug, Clone)]
+pub struct LayerSelector {
+    /// Rows of the loaded MLP that are always computed, ascending.
+    pub static_positions: Vec<usize>,
+    /// Per token, how many loaded neurons count as active (α · loaded).
+    pub token_k: usize,
+    /// How many dynamic neurons to add (ε · N).
+    pub dynamic_k: usize,
+}
+
+impl LayerSelector {
+    /// Rows to compute for a prompt whose MLP activations are `a [1, seq, n]`:
+    /// the static rows plus the `dynamic_k` non-static rows most often among
+    /// a token's top `token_k` by |activation| (ties: larger Σ|a|, then
+    /// lower row). Ascending.
+    pub fn select(&self, a: &Tensor) -> Result<Vec<usize>> {
+        let rows = a.squeeze(0)?.abs()?.to_vec2::<f32>()?;
+        let n = rows.first().map_or(0, Vec::len);
+        if self.static_positions.iter().any(|&p| p >= n) {
+            bail!("static neuron position out of range ({n} loaded)");
+        }
+        let mut hits = vec![0u32; n];
+        let mut mass = vec![0f64; n];
+        let k = self.token_k.min(n);
+        let mut idx: Vec<usize> = (0..n).collect();
+        for row in &rows {
+            if k < n {
+                idx.select_nth_unstable_by(k, |&x, &y| row[y].total_cmp(&row[x]));
+            }
+            for &i in &idx[..k] {
+                hits[i] += 1;
+            }
+            for (m, v) in mass.iter_mut().zip(row) {
+                *m += f64::from(*v);
+            }
+        }
+        let mut is_static = vec![false; n];
+        self.static_positions
+            .iter()
+            .for_each(|&p| is_static[p] = true);
+        let mut candidates: Vec<usize> = (0..n).filter(|&i| !is_static[i]).collect();
+        candidates.sort_by(|&x, &y| {
+            hits[y]
+                .cmp(&hits[x])
+                .then(mass[y].total_cmp(&mass[x]))
+                .then(x.cmp(&y))
+        });
+        candidates.truncate(self.dynamic_k);
+        let mut chosen: Vec<usize> = self
+            .static_positions
+            .iter()
+            .copied()
+            .chain(candidates)
+            .collect();
+        chosen.sort_unstable();
+        Ok(chosen)
+    }
+}
