@@ -8,8 +8,10 @@
 pub mod bench;
 pub mod convert;
 pub mod data;
+pub mod eval;
 pub mod generate;
 pub mod kernels;
+pub mod metrics;
 pub mod model;
 pub mod plan;
 pub mod prepare;

@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use selectinfer::bench::{self, BenchEngine, BenchOptions};
 use selectinfer::convert::WeightDtype;
+use selectinfer::eval;
 use selectinfer::generate::{Engine, GenerateOptions, Sampling};
 use selectinfer::model::LoadOptions;
 use selectinfer::plan::SelectionParams;
@@ -142,6 +143,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Evaluate a task's JSONL (BLEU/chrF, ROUGE, EM/F1) plus TTFT, tok/s, peak RSS.
+    Eval {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Task file, e.g. ../shared/data/translation_wmt22_deen.dev.jsonl.
+        #[arg(long)]
+        data: PathBuf,
+        /// Prompt template with {field} placeholders (default: the task's own).
+        #[arg(long)]
+        template: Option<String>,
+        /// Evaluate the first N examples only.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+        /// Per-example outputs (JSONL; an existing file is resumed).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark decode/prefill speed on fixed prompts.
     Bench {
         #[command(flatten)]
@@ -197,6 +219,47 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 println!();
+            }
+        }
+        Command::Eval {
+            model,
+            data,
+            template,
+            limit,
+            max_new_tokens,
+            out,
+            json,
+        } => {
+            let engine = model.load()?;
+            let opts = eval::EvalOptions {
+                data,
+                template,
+                limit,
+                generate: GenerateOptions {
+                    max_new_tokens,
+                    ..Default::default()
+                },
+                outputs: out,
+            };
+            let report = eval::run(&engine, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                let metrics: Vec<String> = report
+                    .metrics
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.2}"))
+                    .collect();
+                println!(
+                    "{} ({} examples): {}; TTFT {:.3} s, decode {:.1} tok/s, φ used {:.3}, peak RSS {:.0} MiB",
+                    report.task,
+                    report.examples,
+                    metrics.join(", "),
+                    report.mean_ttft_s,
+                    report.mean_decode_tokens_per_s,
+                    report.mean_compute_ratio,
+                    report.peak_rss_bytes as f64 / 1048576.0
+                );
             }
         }
         Command::Bench {

@@ -97,24 +97,24 @@ impl Mlp {
     /// A compact copy holding only rows `positions` (ascending) of this MLP:
     /// contiguous weights, built once per prompt for selective decode.
     pub fn select(&self, positions: &[usize]) -> Result<Self> {
-        let dev = self.down_t.device();
         let rows: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
         if let Some(&bad) = positions.iter().find(|&&p| p >= self.width) {
             anyhow::bail!("neuron row {bad} out of range ({} held)", self.width);
         }
-        let gate_rows = Tensor::new(rows.as_slice(), dev)?;
-        let up_rows = Tensor::new(
-            rows.iter()
-                .map(|r| r + self.width as u32)
-                .collect::<Vec<_>>()
-                .as_slice(),
-            dev,
-        )?;
-        let w = self.gate_up.weight();
-        let gate = w.index_select(&gate_rows, 0)?;
-        let up = w.index_select(&up_rows, 0)?;
-        let down_t = self.down_t.index_select(&gate_rows, 0)?;
-        let mut mlp = Self::from_neuron_rows(&gate, &up, &down_t)?;
+        // One gather for [gate rows; up rows] (no concatenation copy) and one for down.
+        let gate_up_rows: Vec<u32> = rows
+            .iter()
+            .copied()
+            .chain(rows.iter().map(|r| r + self.width as u32))
+            .collect();
+        let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
+        let down_t = crate::kernels::gather_rows(&self.down_t, &rows)?;
+        let mut mlp = Self {
+            gate_up: Linear::new(gate_up, None)?,
+            down_t,
+            width: rows.len(),
+            neurons: None,
+        };
         mlp.neurons = Some(match &self.neurons {
             Some(held) => rows.iter().map(|&r| held[r as usize]).collect(),
             None => rows,

@@ -1,0 +1,121 @@
+//! `selectinfer eval` on the real SmolLM2 weights, a few examples per task.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn eval(args: &[&str]) -> Output {
+    let model = common::model_dir("smollm2-135m-instruct");
+    Command::new(env!("CARGO_BIN_EXE_selectinfer"))
+        .args(["eval", "--model", model.to_str().unwrap(), "--json"])
+        .args(args)
+        .output()
+        .expect("running selectinfer eval")
+}
+
+fn data(file: &str) -> String {
+    common::repo_root()
+        .join("../shared/data")
+        .join(file)
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+fn report(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn each_task_is_scored_and_outputs_are_saved_and_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, metrics) in [
+        ("translation_wmt22_deen.dev.jsonl", &["bleu", "chrf"][..]),
+        (
+            "summarization_xsum.dev.jsonl",
+            &["rouge1", "rouge2", "rougeL"][..],
+        ),
+        ("qa_squad11.dev.jsonl", &["exact_match", "f1"][..]),
+    ] {
+        let out = dir.path().join(format!("{file}.out.jsonl"));
+        let args = [
+            "--data",
+            &data(file),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "24",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let r = report(&eval(&args));
+        assert_eq!(r["examples"], 3);
+        for m in metrics {
+            let v = r["metrics"][m]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{file}: no {m}"));
+            assert!((0.0..=100.0).contains(&v), "{file}: {m} = {v}");
+        }
+        assert!(r["mean_decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+        let saved = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(saved.lines().count(), 3, "{file}: one line per example");
+        // Resume: nothing is generated again, the same scores come back.
+        let again = report(&eval(&args));
+        assert_eq!(again["metrics"], r["metrics"]);
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            saved,
+            "{file}: resumed run rewrote outputs"
+        );
+    }
+}
+
+#[test]
+fn bad_eval_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.jsonl");
+    let o = eval(&[
+        "--data",
+        "/nonexistent.jsonl",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && stderr.contains("/nonexistent.jsonl")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let o = eval(&[
+        "--data",
+        &data("qa_squad11.dev.jsonl"),
+        "--template",
+        "{nope}",
+        "--limit",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("'nope'"), "{stderr}");
+    std::fs::write(&out, "not json\n").unwrap();
+    let o = eval(&[
+        "--data",
+        &data("qa_squad11.dev.jsonl"),
+        "--limit",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("not an eval output"),
+        "{stderr}"
+    );
+}
