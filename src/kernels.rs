@@ -363,6 +363,45 @@ impl CustomOp3 for DecodeAttention {
     }
 }
 
+/// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
+/// plain row-by-row memcpy (candle's `index_select` goes element by element
+/// and is ~10x slower); elsewhere it is `index_select`.
+pub fn gather_rows(t: &candle_core::Tensor, rows: &[u32]) -> Result<candle_core::Tensor> {
+    use candle_core::{Storage, Tensor};
+    let (n, k) = t.dims2()?;
+    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+        candle_core::bail!("gather_rows: row {bad} out of range ({n} rows)");
+    }
+    if !t.device().is_cpu() || !t.is_contiguous() {
+        let idx = Tensor::new(rows, t.device())?;
+        return t.index_select(&idx, 0);
+    }
+    fn gather<T: Copy>(src: &[T], k: usize, rows: &[u32]) -> Vec<T> {
+        let mut out = Vec::with_capacity(rows.len() * k);
+        for &r in rows {
+            out.extend_from_slice(&src[r as usize * k..(r as usize + 1) * k]);
+        }
+        out
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("gather_rows: tensor is not contiguous");
+    };
+    let shape = (rows.len(), k);
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => {
+            Tensor::from_vec(gather(&v[start..end], k, rows), shape, t.device())
+        }
+        Storage::Cpu(CpuStorage::F16(v)) => {
+            Tensor::from_vec(gather(&v[start..end], k, rows), shape, t.device())
+        }
+        _ => {
+            drop(storage);
+            t.index_select(&Tensor::new(rows, t.device())?, 0)
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use half::f16;
@@ -570,45 +609,6 @@ mod tests {
                     y[c]
                 );
             }
-        }
-    }
-}
-
-/// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
-/// plain row-by-row memcpy (candle's `index_select` goes element by element
-/// and is ~10x slower); elsewhere it is `index_select`.
-pub fn gather_rows(t: &candle_core::Tensor, rows: &[u32]) -> Result<candle_core::Tensor> {
-    use candle_core::{Storage, Tensor};
-    let (n, k) = t.dims2()?;
-    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
-        candle_core::bail!("gather_rows: row {bad} out of range ({n} rows)");
-    }
-    if !t.device().is_cpu() || !t.is_contiguous() {
-        let idx = Tensor::new(rows, t.device())?;
-        return t.index_select(&idx, 0);
-    }
-    fn gather<T: Copy>(src: &[T], k: usize, rows: &[u32]) -> Vec<T> {
-        let mut out = Vec::with_capacity(rows.len() * k);
-        for &r in rows {
-            out.extend_from_slice(&src[r as usize * k..(r as usize + 1) * k]);
-        }
-        out
-    }
-    let (storage, layout) = t.storage_and_layout();
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("gather_rows: tensor is not contiguous");
-    };
-    let shape = (rows.len(), k);
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => {
-            Tensor::from_vec(gather(&v[start..end], k, rows), shape, t.device())
-        }
-        Storage::Cpu(CpuStorage::F16(v)) => {
-            Tensor::from_vec(gather(&v[start..end], k, rows), shape, t.device())
-        }
-        _ => {
-            drop(storage);
-            t.index_select(&Tensor::new(rows, t.device())?, 0)
         }
     }
 }
