@@ -64,6 +64,10 @@ pub struct EvalReport {
     pub mean_compute_ratio: f64,
     pub peak_rss_bytes: u64,
     pub outputs: String,
+    /// Examples whose prompt plus `max_new_tokens` exceed the model's
+    /// context: logged, counted here, not scored (the same ones for every
+    /// mode of a model).
+    pub skipped_too_long: Vec<String>,
 }
 
 /// The answer part of a generation: its first non-empty line, trimmed
@@ -159,7 +163,24 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
     );
     bar.set_message(task.clone());
     let mut results = Vec::with_capacity(examples.len());
+    let mut skipped = Vec::new();
     for (ex, prompt) in examples.iter().zip(&prompts) {
+        let tokens = engine
+            .codec
+            .chat_prompt_ids(prompt)
+            .with_context(|| format!("example {}", ex.id))?
+            .len();
+        if tokens + opts.generate.max_new_tokens > engine.model.max_context() {
+            log::warn!(
+                "skipping example {}: {tokens} prompt tokens + {} new exceed the context of {}",
+                ex.id,
+                opts.generate.max_new_tokens,
+                engine.model.max_context()
+            );
+            skipped.push(ex.id.clone());
+            bar.inc(1);
+            continue;
+        }
         let out = match done.remove(&ex.id) {
             Some(previous) => previous,
             None => {
@@ -176,6 +197,12 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if results.is_empty() {
+        bail!(
+            "no example of {} fits in the model's context",
+            opts.data.display()
+        );
+    }
     let n = results.len() as f64;
     let mean = |f: &dyn Fn(&ExampleOutput) -> f64| results.iter().map(f).sum::<f64>() / n;
     Ok(EvalReport {
@@ -188,6 +215,7 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
         mean_compute_ratio: mean(&|o| o.compute_ratio),
         peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
         outputs: opts.outputs.display().to_string(),
+        skipped_too_long: skipped,
     })
 }
 
