@@ -122,6 +122,32 @@ impl Mlp {
         Ok(mlp)
     }
 
+    /// Loads every neuron of layer `prefix` with `pread` (the dense MLP).
+    pub fn load_all(
+        source: &RowSource,
+        prefix: &str,
+        intermediate: usize,
+        hidden: usize,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        for (part, want) in [
+            ("gate_proj", [intermediate, hidden]),
+            ("up_proj", [intermediate, hidden]),
+            ("down_proj", [hidden, intermediate]),
+        ] {
+            let name = format!("{prefix}.{part}.weight");
+            let got = &source.find(&name)?.entry(&name)?.shape;
+            if got[..] != want {
+                anyhow::bail!("{name} has shape {got:?}, the model config expects {want:?}");
+            }
+        }
+        let all: Vec<u32> = (0..intermediate as u32).collect();
+        let mut mlp = Self::load_neurons(source, prefix, &all, hidden, dtype, device)?;
+        mlp.neurons = None;
+        Ok(mlp)
+    }
+
     /// Original indices of the neurons held (`None`: all, in order).
     pub fn neurons(&self) -> Option<&[u32]> {
         self.neurons.as_deref()

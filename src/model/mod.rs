@@ -412,11 +412,12 @@ impl Model {
         // SAFETY: the files are not modified while mapped (we own the folder).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
             .with_context(|| format!("reading weights in {}", dir.display()))?;
-        let source = match &opts.plan {
-            Some(_) => Some(crate::rowread::RowSource::open(&files)?),
-            None => None,
-        };
-        Self::load(vb, &cfg, opts, source.as_ref())
+        // MLP weights (most of the model) are read with pread, layer by
+        // layer, rather than through the mmap: the mmap's pages would count
+        // in RSS next to our copies (peak ≈ 2× the weights while loading).
+        let source = crate::rowread::RowSource::open(&files)?;
+        let source = Some(&source);
+        Self::load(vb, &cfg, opts, source)
             .with_context(|| format!("loading model from {}", dir.display()))
     }
 
@@ -451,10 +452,11 @@ impl Model {
             .context("loading model.embed_tokens.weight")?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| {
-                let selective = match (&opts.plan, rows) {
+                let prefix = format!("model.layers.{i}.mlp");
+                let mlp = match (&opts.plan, rows) {
                     (Some(plan), Some(rows)) if !plan.layers[i].dense => Some(Mlp::load_neurons(
                         rows,
-                        &format!("model.layers.{i}.mlp"),
+                        &prefix,
                         &plan.layers[i].loaded,
                         cfg.hidden_size,
                         opts.dtype,
@@ -463,9 +465,17 @@ impl Model {
                     (Some(_), None) => {
                         bail!("a load plan needs the checkpoint's files to read rows from")
                     }
-                    _ => None,
+                    (_, Some(rows)) => Some(Mlp::load_all(
+                        rows,
+                        &prefix,
+                        cfg.intermediate_size,
+                        cfg.hidden_size,
+                        opts.dtype,
+                        &opts.device,
+                    )?),
+                    (None, None) => None,
                 };
-                Block::load(vb.pp(format!("model.layers.{i}")), cfg, selective)
+                Block::load(vb.pp(format!("model.layers.{i}")), cfg, mlp)
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(vb.pp("model.norm"), cfg.hidden_size, cfg.rms_norm_eps)?;
