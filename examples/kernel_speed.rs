@@ -1,15 +1,23 @@
 //! Streams the decode matvecs of one SmolLM2 token through the kernels, without
 //! any other op, to see what the kernels alone reach.
-use selectinfer::kernels::{matvec, vecmat};
+//! Run: cargo run --release --example kernel_speed [f16]
+use selectinfer::kernels::{matvec, vecmat, WeightElem};
 use std::time::Instant;
 fn main() {
+    if std::env::args().any(|a| a == "f16") {
+        run::<half::f16>(half::f16::from_f32(0.01), 2);
+    } else {
+        run::<f32>(0.01, 4);
+    }
+}
+fn run<T: WeightElem>(v: T, elem: usize) {
     let layers = 30;
     let shapes = [(960usize, 576usize), (576, 576), (3072, 576)];
-    let mats: Vec<Vec<Vec<f32>>> = (0..layers)
-        .map(|_| shapes.iter().map(|&(n, k)| vec![0.01f32; n * k]).collect())
+    let mats: Vec<Vec<Vec<T>>> = (0..layers)
+        .map(|_| shapes.iter().map(|&(n, k)| vec![v; n * k]).collect())
         .collect();
-    let downs: Vec<Vec<f32>> = (0..layers).map(|_| vec![0.01f32; 1536 * 576]).collect();
-    let head = vec![0.01f32; 49152 * 576];
+    let downs: Vec<Vec<T>> = (0..layers).map(|_| vec![v; 1536 * 576]).collect();
+    let head = vec![v; 49152 * 576];
     let x = vec![1.0f32; 576];
     let a = vec![1.0f32; 1536];
     let mut bytes = 0usize;
@@ -21,15 +29,15 @@ fn main() {
             for (m, &(n, _)) in mats[l].iter().zip(&shapes) {
                 let mut out = vec![0f32; n];
                 matvec(m, &x, &mut out);
-                bytes += m.len() * 4;
+                bytes += m.len() * elem;
             }
             let mut y = vec![0f32; 576];
             vecmat(&a, &downs[l], &mut y);
-            bytes += downs[l].len() * 4;
+            bytes += downs[l].len() * elem;
         }
         let mut out = vec![0f32; 49152];
         matvec(&head, &x, &mut out);
-        bytes += head.len() * 4;
+        bytes += head.len() * elem;
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
