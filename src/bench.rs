@@ -119,7 +119,8 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     let (codec, mut run_prompt, dtype): (TextCodec, RunFn, String) = match opts.engine {
         BenchEngine::Dense => {
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
-            let codec = TextCodec::from_dir(model_dir, &engine.model.config().eos_token_ids())?;
+            // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
+            let codec = engine.codec.clone();
             let dtype = format!("{:?}", engine.model.dtype()).to_lowercase();
             let engine = &engine;
             let run = Box::new(move |ids: &[u32], n: usize| -> Result<Run> {

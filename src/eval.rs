@@ -165,11 +165,11 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
     let mut results = Vec::with_capacity(examples.len());
     let mut skipped = Vec::new();
     for (ex, prompt) in examples.iter().zip(&prompts) {
-        let tokens = engine
+        let ids = engine
             .codec
             .chat_prompt_ids(prompt)
-            .with_context(|| format!("example {}", ex.id))?
-            .len();
+            .with_context(|| format!("example {}", ex.id))?;
+        let tokens = ids.len();
         if tokens + opts.generate.max_new_tokens > engine.model.max_context() {
             log::warn!(
                 "skipping example {}: {tokens} prompt tokens + {} new exceed the context of {}",
@@ -185,7 +185,7 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
             Some(previous) => previous,
             None => {
                 let g = engine
-                    .generate_chat(prompt, &opts.generate, |_| true)
+                    .generate_ids(&ids, &opts.generate, |_| true)
                     .with_context(|| format!("example {}", ex.id))?;
                 let out = example_output(ex, &g);
                 writeln!(file, "{}", serde_json::to_string(&out)?)?;

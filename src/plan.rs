@@ -93,6 +93,26 @@ pub struct LoadPlan {
     pub width: usize,
 }
 
+impl LayerPlan {
+    /// A layer kept whole: every neuron loaded and computed.
+    fn dense(width: usize) -> Self {
+        Self {
+            loaded: (0..width as u32).collect(),
+            num_static: width,
+            dense: true,
+        }
+    }
+
+    /// A sparse layer loading `loaded`, the first `num_static` of them static.
+    fn sparse(loaded: Vec<u32>, num_static: usize) -> Self {
+        Self {
+            loaded,
+            num_static,
+            dense: false,
+        }
+    }
+}
+
 impl LoadPlan {
     /// Base neurons of `params.task` first (top δ·N), then model-wide ones
     /// not yet chosen, until γ·N per sparse layer.
@@ -110,11 +130,7 @@ impl LoadPlan {
         let plans = (0..layers)
             .map(|l| {
                 if params.dense_layers.contains(&l) {
-                    return LayerPlan {
-                        loaded: (0..width as u32).collect(),
-                        num_static: width,
-                        dense: true,
-                    };
+                    return LayerPlan::dense(width);
                 }
                 let mut chosen = vec![false; width];
                 let mut loaded = Vec::with_capacity(n_load);
@@ -131,11 +147,7 @@ impl LoadPlan {
                         loaded.push(n);
                     }
                 }
-                LayerPlan {
-                    loaded,
-                    num_static: n_static,
-                    dense: false,
-                }
+                LayerPlan::sparse(loaded, n_static)
             })
             .collect();
         Ok(Self {
@@ -162,21 +174,13 @@ impl LoadPlan {
         );
         let plans = (0..layers)
             .map(|l| {
-                let mut all: Vec<u32> = (0..width as u32).collect();
                 if params.dense_layers.contains(&l) {
-                    return LayerPlan {
-                        loaded: all,
-                        num_static: width,
-                        dense: true,
-                    };
+                    return LayerPlan::dense(width);
                 }
+                let mut all: Vec<u32> = (0..width as u32).collect();
                 all.shuffle(&mut rng);
                 all.truncate(n_load);
-                LayerPlan {
-                    loaded: all,
-                    num_static: n_static,
-                    dense: false,
-                }
+                LayerPlan::sparse(all, n_static)
             })
             .collect();
         Ok(Self {

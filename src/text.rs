@@ -22,6 +22,7 @@ pub struct Message {
 }
 
 /// Tokenizer plus chat template of one model folder.
+#[derive(Clone)]
 pub struct TextCodec {
     tokenizer: Tokenizer,
     chat_template: Option<String>,
