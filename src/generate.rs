@@ -157,6 +157,36 @@ impl Engine {
         })
     }
 
+    /// φ and α the engine selects with per prompt, `None` when the mode
+    /// computes every loaded neuron (dense, load-only).
+    pub fn selection(&self) -> Option<(f64, f64)> {
+        self.selectors.as_ref()?;
+        let p = &self.method.as_ref()?.params;
+        Some((p.compute_ratio, p.token_ratio))
+    }
+
+    /// Changes φ (`compute_ratio`) and α (`token_ratio`) for the next prompts,
+    /// validated against the load-time γ and δ. Only modes that select per
+    /// prompt (selectinfer, coreinfer, random-load) accept it.
+    pub fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
+        let method = match (&self.method, &self.selectors) {
+            (Some(m), Some(_)) => m,
+            (m, _) => bail!(
+                "mode {} computes every loaded neuron; compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load",
+                m.as_ref().map_or("dense", |m| m.mode.name())
+            ),
+        };
+        let mut method = method.clone();
+        method.params.compute_ratio = compute_ratio;
+        method.params.token_ratio = token_ratio;
+        let cfg = self.model.config();
+        method.params.validate(cfg.num_hidden_layers)?;
+        let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
+        self.selectors = method.selector(&mlps, cfg.intermediate_size);
+        self.method = Some(method);
+        Ok(())
+    }
+
     /// Runs the prompt; for selective modes also picks each layer's neurons
     /// from the prompt's activations and builds the compact MLPs.
     fn prefill(

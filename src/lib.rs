@@ -3,7 +3,9 @@
 //!
 //! The library works without ROS: [`prepare`] fetches and [`convert`]s real
 //! weights, [`model`] is the Llama/Qwen2 transformer, [`generate`] drives it,
-//! [`bench`] measures it. Binaries in `src/bin` are thin shells over these.
+//! [`bench`] measures it, [`server`] queues requests for a front end such as
+//! the ROS 2 node (`node`, feature `ros`). Binaries in `src/bin` are thin
+//! shells over these.
 
 pub mod bench;
 pub mod convert;
@@ -13,11 +15,15 @@ pub mod generate;
 pub mod kernels;
 pub mod metrics;
 pub mod model;
+#[cfg(feature = "ros")]
+pub mod node;
 pub mod plan;
 pub mod prepare;
 pub mod profile;
 pub mod ranking;
 pub mod rowread;
 pub mod selective;
+pub mod server;
+pub mod spec;
 pub mod sysinfo;
 pub mod text;

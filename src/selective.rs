@@ -34,6 +34,17 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode's name as written on the command line and in YAML.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Dense => "dense",
+            Self::LoadOnly => "load-only",
+            Self::Selectinfer => "selectinfer",
+            Self::Coreinfer => "coreinfer",
+            Self::RandomLoad => "random-load",
+        }
+    }
+
     pub fn needs_ranking(self) -> bool {
         matches!(self, Self::LoadOnly | Self::Selectinfer)
     }

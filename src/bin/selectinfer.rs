@@ -9,7 +9,8 @@ use selectinfer::generate::{Engine, GenerateOptions, Sampling};
 use selectinfer::model::LoadOptions;
 use selectinfer::plan::SelectionParams;
 use selectinfer::prepare;
-use selectinfer::selective::{Method, Mode};
+use selectinfer::selective::Mode;
+use selectinfer::spec::{self, EngineSpec};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ struct ModelArgs {
     /// Weight dtype in memory.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: WeightDtype,
+    /// `cpu` or `cuda:N` (CUDA needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     #[command(flatten)]
     method: MethodArgs,
 }
@@ -70,43 +74,37 @@ struct MethodArgs {
 }
 
 impl ModelArgs {
-    fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            dtype: self.dtype.dtype(),
-            ..Default::default()
+    /// The engine these flags describe (shared with the ROS node).
+    fn spec(&self) -> EngineSpec {
+        let m = &self.method;
+        EngineSpec {
+            model: self.model.clone(),
+            dtype: self.dtype,
+            device: self.device.clone(),
+            mode: m.mode,
+            ranking: m.ranking.clone(),
+            params: SelectionParams {
+                load_ratio: m.load_ratio,
+                static_ratio: m.static_ratio,
+                compute_ratio: m.compute_ratio,
+                token_ratio: m.token_ratio,
+                dense_layers: m.dense_layers.clone(),
+                task: m.task.clone(),
+            },
+            plan_seed: m.plan_seed,
         }
     }
 
-    /// The selective method, `None` for dense.
-    fn method(&self) -> Result<Option<Method>> {
-        let m = &self.method;
-        if m.mode == Mode::Dense {
-            return Ok(None);
-        }
-        let coreinfer = m.mode == Mode::Coreinfer;
-        let params = SelectionParams {
-            load_ratio: if coreinfer { 1.0 } else { m.load_ratio },
-            static_ratio: if coreinfer { 0.0 } else { m.static_ratio },
-            compute_ratio: m.compute_ratio,
-            token_ratio: m.token_ratio,
-            dense_layers: m.dense_layers.clone(),
-            task: m.task.clone(),
-        };
-        let default_ranking = self.model.file_name().map(|n| {
-            PathBuf::from("rankings").join(format!("{}.ranking.safetensors", n.to_string_lossy()))
-        });
-        let ranking = m.ranking.clone().or(default_ranking);
-        Ok(Some(Method::new(
-            m.mode,
-            params,
-            &self.model,
-            ranking.as_deref(),
-            m.plan_seed,
-        )?))
+    fn load_options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            dtype: self.dtype.dtype(),
+            device: spec::parse_device(&self.device)?,
+            ..Default::default()
+        })
     }
 
     fn load(&self) -> Result<Engine> {
-        Engine::load_with_method(&self.model, &self.load_options(), self.method()?)
+        self.spec().load()
     }
 }
 
@@ -271,9 +269,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let report = bench::run(
                 &model.model,
-                &model.load_options(),
+                &model.load_options()?,
                 &BenchOptions {
-                    method: model.method()?,
+                    method: model.spec().method()?,
                     engine,
                     new_tokens,
                     measure_bandwidth: bandwidth,

@@ -1,0 +1,6 @@
+//! `selectinfer_node`: the ROS 2 node (see `selectinfer::node`). Start it
+//! with `scripts/run_node.sh` here or `ros2 launch selectinfer node.launch.py`.
+
+fn main() -> std::process::ExitCode {
+    selectinfer::node::main()
+}

@@ -1,0 +1,389 @@
+//! `selectinfer_node`: the ROS 2 node (r2r), a thin shell over
+//! [`crate::server`]. Interfaces (package `selectinfer_msgs`, in `msg/`):
+//! - service `~/generate` (`selectinfer_msgs/srv/Generate`);
+//! - topic `~/prompt` (`selectinfer_msgs/msg/Prompt`) and plain
+//!   `std_msgs/String` instructions on `instruction_topic`, answered on
+//!   `~/response` (`selectinfer_msgs/msg/Response`, same request id);
+//! - `~/tokens` (`selectinfer_msgs/msg/Token`): streamed text of every request;
+//! - `/diagnostics` (`diagnostic_msgs/DiagnosticArray`): queue depth,
+//!   tokens/s, RSS, request counters.
+//!
+//! The ROS executor thread only moves messages: generation runs on the
+//! server's worker thread, which answers services and publishes directly.
+
+mod params;
+
+use crate::server::{CancelToken, Job, Reply, Request, Server, Stats};
+use anyhow::{Context as _, Result};
+use futures::StreamExt;
+use params::{NodeParams, ParamHandle};
+use r2r::selectinfer_msgs::{msg as si, srv::Generate};
+use r2r::{diagnostic_msgs, std_msgs, Publisher, QosProfile};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use params::PARAMETERS;
+
+/// Name the node runs under (the parameters file may key on it or `/**`).
+pub const NODE_NAME: &str = "selectinfer_node";
+
+type Shared<T> = Arc<Mutex<Publisher<T>>>;
+
+/// Where a request's tokens and reply go.
+#[derive(Clone)]
+struct Outputs {
+    tokens: Shared<si::Token>,
+    responses: Shared<si::Response>,
+}
+
+impl Outputs {
+    fn token_sink(&self, request_id: &str) -> crate::server::TokenSink {
+        let tokens = self.tokens.clone();
+        let id = request_id.to_string();
+        Box::new(move |index, text| {
+            let msg = si::Token {
+                request_id: id.clone(),
+                index: index as u32,
+                text: text.to_string(),
+                done: false,
+            };
+            if let Err(e) = tokens.lock().unwrap().publish(&msg) {
+                log::warn!("publishing a token of {id}: {e}");
+            }
+        })
+    }
+
+    /// Marks the end of a request's token stream.
+    fn finish_tokens(&self, reply: &Reply) {
+        let msg = si::Token {
+            request_id: reply.request_id.clone(),
+            index: reply.generated_tokens as u32,
+            text: String::new(),
+            done: true,
+        };
+        if let Err(e) = self.tokens.lock().unwrap().publish(&msg) {
+            log::warn!("publishing the end of {}: {e}", reply.request_id);
+        }
+    }
+}
+
+fn response_msg(r: &Reply) -> si::Response {
+    si::Response {
+        success: r.success,
+        error: r.error.clone(),
+        request_id: r.request_id.clone(),
+        text: r.text.clone(),
+        prompt_tokens: r.prompt_tokens as u32,
+        generated_tokens: r.generated_tokens as u32,
+        ttft_s: r.ttft_s as f32,
+        tokens_per_s: r.tokens_per_s as f32,
+        compute_ratio: r.compute_ratio as f32,
+        stop_reason: r.stop_reason.clone(),
+    }
+}
+
+fn service_response(r: &Reply) -> Generate::Response {
+    let m = response_msg(r);
+    Generate::Response {
+        success: m.success,
+        error: m.error,
+        request_id: m.request_id,
+        text: m.text,
+        prompt_tokens: m.prompt_tokens,
+        generated_tokens: m.generated_tokens,
+        ttft_s: m.ttft_s,
+        tokens_per_s: m.tokens_per_s,
+        compute_ratio: m.compute_ratio,
+        stop_reason: m.stop_reason,
+    }
+}
+
+/// Request fields as the interfaces carry them (negative = node default).
+#[allow(clippy::too_many_arguments)]
+fn request(
+    id: &str,
+    prompt: &str,
+    task: &str,
+    max_new_tokens: i32,
+    temperature: f32,
+    top_p: f32,
+    seed: i64,
+) -> Request {
+    Request {
+        id: id.to_string(),
+        prompt: prompt.to_string(),
+        task: task.to_string(),
+        // -1 = default; 0 and other negatives are passed on and refused.
+        max_new_tokens: (max_new_tokens != -1).then_some(max_new_tokens as i64),
+        temperature: (temperature >= 0.0 || temperature.is_nan()).then_some(temperature as f64),
+        top_p: (top_p >= 0.0 || top_p.is_nan()).then_some(top_p as f64),
+        seed: (seed >= 0).then_some(seed),
+    }
+}
+
+fn diagnostics(
+    stats: &Stats,
+    params: &NodeParams,
+    now: Duration,
+) -> diagnostic_msgs::msg::DiagnosticArray {
+    use diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
+    let kv = |k: &str, v: String| KeyValue {
+        key: k.into(),
+        value: v,
+    };
+    let full = stats.queued >= stats.queue_capacity;
+    let status = DiagnosticStatus {
+        level: if full {
+            DiagnosticStatus::WARN as u8
+        } else {
+            DiagnosticStatus::OK as u8
+        },
+        name: format!("{NODE_NAME}: generation"),
+        message: match (full, stats.busy) {
+            (true, _) => "queue full: new requests are rejected".into(),
+            (false, true) => "generating".into(),
+            (false, false) => "idle".into(),
+        },
+        hardware_id: params.engine.device.clone(),
+        values: vec![
+            kv("queue_depth", stats.queued.to_string()),
+            kv("queue_capacity", stats.queue_capacity.to_string()),
+            kv("busy", stats.busy.to_string()),
+            kv("tokens_per_s", format!("{:.2}", stats.last_tokens_per_s)),
+            kv("rss_bytes", stats.rss_bytes.to_string()),
+            kv("peak_rss_bytes", stats.peak_rss_bytes.to_string()),
+            kv("completed", stats.completed.to_string()),
+            kv("failed", stats.failed.to_string()),
+            kv("rejected", stats.rejected.to_string()),
+            kv("cancelled", stats.cancelled.to_string()),
+            kv("mode", params.engine.mode.name().into()),
+            kv("model", params.engine.model.display().to_string()),
+        ],
+    };
+    DiagnosticArray {
+        header: std_msgs::msg::Header {
+            stamp: r2r::Clock::to_builtin_time(&now),
+            frame_id: String::new(),
+        },
+        status: vec![status],
+    }
+}
+
+/// Runs the node until SIGINT/SIGTERM; start-up errors give exit code 2.
+pub fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            log::error!("{NODE_NAME}: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{NODE_NAME}: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let ctx = r2r::Context::create().context("creating the ROS context")?;
+    let mut node = r2r::Node::create(ctx, NODE_NAME, "").context("creating the ROS node")?;
+    let params = {
+        let overrides = node.params.lock().unwrap();
+        NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
+    };
+    log::info!("loading: {}", params.summary());
+    let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
+    log::info!(
+        "ready: {} tasks ({}), peak RSS {:.0} MiB",
+        server.mode().name(),
+        server.tasks().join(", "),
+        crate::sysinfo::peak_rss_bytes() as f64 / 1048576.0
+    );
+
+    let handle = Arc::new(Mutex::new(ParamHandle {
+        params: params.clone(),
+        server: server.clone(),
+    }));
+    let (param_server, mut param_events) = node.make_derived_parameter_handler(handle.clone())?;
+    tokio::spawn(param_server);
+    tokio::spawn(async move { while param_events.next().await.is_some() {} });
+
+    let reliable_deep = QosProfile::default().keep_last(1000);
+    let outputs = Outputs {
+        tokens: Arc::new(Mutex::new(node.create_publisher::<si::Token>(
+            "~/tokens",
+            QosProfile::default().keep_last(1000),
+        )?)),
+        responses: Arc::new(Mutex::new(node.create_publisher::<si::Response>(
+            "~/response",
+            QosProfile::default().keep_last(100),
+        )?)),
+    };
+    let diag_pub = node.create_publisher::<diagnostic_msgs::msg::DiagnosticArray>(
+        "/diagnostics",
+        QosProfile::default(),
+    )?;
+    let mut services = node.create_service::<Generate::Service>(
+        "~/generate",
+        QosProfile::services_default().keep_last(1000),
+    )?;
+    let mut prompts = node.subscribe::<si::Prompt>("~/prompt", reliable_deep.clone())?;
+    let mut instructions =
+        node.subscribe::<std_msgs::msg::String>(&params.instruction_topic, reliable_deep)?;
+    let mut diag_timer =
+        node.create_wall_timer(Duration::from_secs_f64(params.diagnostics_period_s))?;
+
+    // Service: the reply goes back from the worker thread.
+    {
+        let server = server.clone();
+        let out = outputs.clone();
+        tokio::spawn(async move {
+            while let Some(req) = services.next().await {
+                let m = &req.message;
+                let r = request(
+                    &m.request_id,
+                    &m.prompt,
+                    &m.task,
+                    m.max_new_tokens,
+                    m.temperature,
+                    m.top_p,
+                    m.seed,
+                );
+                let id = if r.id.is_empty() {
+                    crate::server::new_request_id()
+                } else {
+                    r.id.clone()
+                };
+                let out2 = out.clone();
+                let job = Job {
+                    request: Request {
+                        id: id.clone(),
+                        ..r
+                    },
+                    cancel: CancelToken::default(),
+                    on_token: out.token_sink(&id),
+                    on_done: Box::new(move |reply: Reply| {
+                        out2.finish_tokens(&reply);
+                        if let Err(e) = req.respond(service_response(&reply)) {
+                            log::error!("answering service request {}: {e}", reply.request_id);
+                        }
+                    }),
+                };
+                server.submit(job);
+            }
+        });
+    }
+
+    // Topics: replies go to ~/response.
+    let submit_topic = {
+        let server = server.clone();
+        let out = outputs.clone();
+        move |r: Request| {
+            let id = if r.id.is_empty() {
+                crate::server::new_request_id()
+            } else {
+                r.id.clone()
+            };
+            let out2 = out.clone();
+            let job = Job {
+                request: Request {
+                    id: id.clone(),
+                    ..r
+                },
+                cancel: CancelToken::default(),
+                on_token: out.token_sink(&id),
+                on_done: Box::new(move |reply: Reply| {
+                    out2.finish_tokens(&reply);
+                    if let Err(e) = out2
+                        .responses
+                        .lock()
+                        .unwrap()
+                        .publish(&response_msg(&reply))
+                    {
+                        log::error!("publishing the response of {}: {e}", reply.request_id);
+                    }
+                }),
+            };
+            server.submit(job);
+        }
+    };
+    {
+        let submit = submit_topic.clone();
+        tokio::spawn(async move {
+            while let Some(m) = prompts.next().await {
+                submit(request(
+                    &m.request_id,
+                    &m.prompt,
+                    &m.task,
+                    m.max_new_tokens,
+                    m.temperature,
+                    m.top_p,
+                    m.seed,
+                ));
+            }
+        });
+    }
+    {
+        let submit = submit_topic;
+        tokio::spawn(async move {
+            while let Some(m) = instructions.next().await {
+                submit(request("", &m.data, "", -1, -1.0, -1.0, -1));
+            }
+        });
+    }
+
+    // Statistics.
+    {
+        let server = server.clone();
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let mut clock = r2r::Clock::create(r2r::ClockType::SystemTime).ok();
+            while diag_timer.tick().await.is_ok() {
+                let now = clock
+                    .as_mut()
+                    .and_then(|c| c.get_now().ok())
+                    .unwrap_or_default();
+                let params = handle.lock().unwrap().params.clone();
+                if let Err(e) = diag_pub.publish(&diagnostics(&server.stats(), &params, now)) {
+                    log::warn!("publishing diagnostics: {e}");
+                }
+            }
+        });
+    }
+
+    // The executor: spin on a blocking thread until a signal arrives.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        tokio::task::spawn_blocking(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                node.spin_once(Duration::from_millis(20));
+            }
+            node
+        })
+    };
+    log::info!(
+        "{NODE_NAME} serving ~/generate, ~/prompt, {}",
+        params.instruction_topic
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => log::info!("SIGINT: shutting down"),
+        _ = term.recv() => log::info!("SIGTERM: shutting down"),
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let node = spinner.await?;
+    // Answers what is still queued (rejections), then lets the node go.
+    server.shutdown();
+    drop(node);
+    Ok(())
+}

@@ -1,0 +1,544 @@
+//! The request queue between front ends (the ROS node's service, topics and
+//! action) and the engine: one bounded FIFO, one worker thread that owns the
+//! engine, and an answer for every request — text, error or explicit
+//! rejection. Settings that need no reload (φ, α, sampling, max tokens) can
+//! change at runtime and apply to the next request. No ROS in here.
+
+use crate::generate::{Engine, GenerateOptions, Sampling, StopReason};
+use crate::plan::SelectionParams;
+use crate::selective::Mode;
+use crate::spec::EngineSpec;
+use crate::sysinfo;
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Tasks a request may name when the mode has no ranking file.
+pub const DEFAULT_TASKS: [&str; 3] = ["qa", "summarization", "translation"];
+
+/// One generation request. `None` fields take the server's current defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub id: String,
+    pub prompt: String,
+    /// `""` = the server's task; otherwise one of [`Server::tasks`].
+    pub task: String,
+    pub max_new_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<i64>,
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Reply {
+    pub success: bool,
+    pub error: String,
+    pub request_id: String,
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub ttft_s: f64,
+    pub tokens_per_s: f64,
+    pub compute_ratio: f64,
+    /// `eos`, `length`, `cancelled`; empty when `success` is false.
+    pub stop_reason: String,
+}
+
+impl Reply {
+    /// A failed request: nothing generated, `error` says why.
+    pub fn error(request_id: &str, error: impl Into<String>) -> Self {
+        Self {
+            success: false,
+            error: error.into(),
+            request_id: request_id.to_string(),
+            ..Default::default()
+        }
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.stop_reason == "cancelled"
+    }
+}
+
+/// Cancels a request: before it starts (it never runs) or while it runs
+/// (generation stops at the next token).
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Streamed text: `(index, piece)`; pieces concatenate to the reply's text.
+pub type TokenSink = Box<dyn FnMut(usize, &str) + Send>;
+/// Receives the reply; called exactly once per submitted job.
+pub type ReplySink = Box<dyn FnOnce(Reply) + Send>;
+
+/// A request with where its tokens and reply go.
+pub struct Job {
+    pub request: Request,
+    pub cancel: CancelToken,
+    pub on_token: TokenSink,
+    pub on_done: ReplySink,
+}
+
+/// Settings that apply to the next request without reloading the model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuntimeSettings {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// φ and α; only used by modes that select per prompt.
+    pub compute_ratio: f64,
+    pub token_ratio: f64,
+}
+
+/// Counters published as node statistics.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Requests waiting in the queue (not counting the running one).
+    pub queued: usize,
+    pub queue_capacity: usize,
+    pub busy: bool,
+    pub completed: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    pub cancelled: u64,
+    /// Decode tokens/s of the last completed generation.
+    pub last_tokens_per_s: f64,
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+/// How the server is configured at start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub engine: EngineSpec,
+    pub queue_depth: usize,
+    pub defaults: RuntimeSettings,
+}
+
+struct Shared {
+    settings: Mutex<(RuntimeSettings, u64)>,
+    queued: AtomicUsize,
+    busy: AtomicBool,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    rejected: AtomicU64,
+    cancelled: AtomicU64,
+    last_tokens_per_s: Mutex<f64>,
+}
+
+/// The queue and its worker. Dropping it answers every still-queued request
+/// with an error and joins the worker.
+pub struct Server {
+    tx: Mutex<Option<SyncSender<Job>>>,
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    capacity: usize,
+    max_context: usize,
+    task: String,
+    tasks: Vec<String>,
+    mode: Mode,
+    load_params: SelectionParams,
+    selects: bool,
+    shutting_down: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Loads the engine (errors here are start-up errors) and starts the worker.
+    pub fn start(config: ServerConfig) -> Result<Self> {
+        if config.queue_depth == 0 {
+            bail!("queue_depth must be at least 1");
+        }
+        let spec = &config.engine;
+        let mut engine = spec.load()?;
+        let tasks: Vec<String> = match spec.mode.needs_ranking() {
+            true => match spec.ranking_path() {
+                Some(p) => crate::ranking::Ranking::load(&p)?
+                    .task_names()
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                None => Vec::new(),
+            },
+            false => DEFAULT_TASKS.iter().map(|t| t.to_string()).collect(),
+        };
+        let selects = engine.selection().is_some();
+        let defaults = config.defaults.clone();
+        if selects {
+            engine.set_selection(defaults.compute_ratio, defaults.token_ratio)?;
+        }
+        let max_context = engine.model.max_context();
+        Self::check_settings_for(
+            &defaults,
+            max_context,
+            selects,
+            &spec.effective_params(),
+            engine.model.config().num_hidden_layers,
+        )?;
+        let shared = Arc::new(Shared {
+            settings: Mutex::new((defaults, 0)),
+            queued: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            last_tokens_per_s: Mutex::new(0.0),
+        });
+        let (tx, rx) = sync_channel::<Job>(config.queue_depth);
+        let shutting_down = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let shared = shared.clone();
+            let stop = shutting_down.clone();
+            std::thread::Builder::new()
+                .name("selectinfer-worker".into())
+                .spawn(move || worker_loop(engine, rx, shared, stop))?
+        };
+        Ok(Self {
+            tx: Mutex::new(Some(tx)),
+            shared,
+            worker: Mutex::new(Some(worker)),
+            capacity: config.queue_depth,
+            max_context,
+            task: spec.params.task.clone(),
+            tasks,
+            mode: spec.mode,
+            load_params: spec.effective_params(),
+            selects,
+            shutting_down,
+        })
+    }
+
+    /// Tasks a request may name.
+    pub fn tasks(&self) -> &[String] {
+        &self.tasks
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn settings(&self) -> RuntimeSettings {
+        self.shared.settings.lock().unwrap().0.clone()
+    }
+
+    /// Validates and applies new runtime settings (for the next request).
+    pub fn update_settings(&self, new: RuntimeSettings) -> Result<()> {
+        Self::check_settings_for(
+            &new,
+            self.max_context,
+            self.selects,
+            &self.load_params,
+            usize::MAX,
+        )?;
+        let mut s = self.shared.settings.lock().unwrap();
+        if s.0 != new {
+            s.0 = new;
+            s.1 += 1;
+        }
+        Ok(())
+    }
+
+    fn check_settings_for(
+        s: &RuntimeSettings,
+        max_context: usize,
+        selects: bool,
+        load_params: &SelectionParams,
+        num_layers: usize,
+    ) -> Result<()> {
+        if s.max_new_tokens == 0 || s.max_new_tokens >= max_context {
+            bail!(
+                "max_new_tokens must be in [1, {}), got {}",
+                max_context,
+                s.max_new_tokens
+            );
+        }
+        s.sampling.validate()?;
+        let mut p = load_params.clone();
+        p.compute_ratio = s.compute_ratio;
+        p.token_ratio = s.token_ratio;
+        if selects {
+            p.validate(num_layers)?;
+        } else if (s.compute_ratio, s.token_ratio)
+            != (load_params.compute_ratio, load_params.token_ratio)
+        {
+            bail!("this mode computes every loaded neuron: compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load");
+        }
+        Ok(())
+    }
+
+    /// Checks what can be checked without the model; the worker checks the
+    /// prompt's length against the context.
+    fn check_request(&self, r: &Request) -> Result<()> {
+        if r.prompt.trim().is_empty() {
+            bail!("the prompt is empty");
+        }
+        if !r.task.is_empty() && !self.tasks.iter().any(|t| t == &r.task) {
+            bail!(
+                "unknown task `{}`; this node knows: {}",
+                r.task,
+                self.tasks.join(", ")
+            );
+        }
+        if let Some(n) = r.max_new_tokens {
+            if n < 1 || n as u64 >= self.max_context as u64 {
+                bail!(
+                    "max_new_tokens must be in [1, {}) (the context), got {n}",
+                    self.max_context
+                );
+            }
+        }
+        if let Some(s) = r.seed {
+            if s < 0 {
+                bail!("seed must be >= 0, got {s}");
+            }
+        }
+        let probe = Sampling {
+            temperature: r.temperature.unwrap_or(0.0),
+            top_p: r.top_p.unwrap_or(1.0),
+            seed: 0,
+        };
+        probe.validate()
+    }
+
+    /// Queues `job`, or answers it at once with an error (invalid request)
+    /// or a rejection (queue full, shutting down). Returns `true` if queued.
+    pub fn submit(&self, mut job: Job) -> bool {
+        if job.request.id.is_empty() {
+            job.request.id = new_request_id();
+        }
+        if let Err(e) = self.check_request(&job.request) {
+            self.shared.failed.fetch_add(1, Ordering::Relaxed);
+            (job.on_done)(Reply::error(&job.request.id, format!("{e:#}")));
+            return false;
+        }
+        let tx = self.tx.lock().unwrap().clone();
+        let Some(tx) = tx else {
+            return self.reject(job, "rejected: the node is shutting down");
+        };
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        match tx.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(job)) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                let msg = format!(
+                    "rejected: the queue is full ({} waiting, queue_depth {})",
+                    self.capacity, self.capacity
+                );
+                self.reject(job, &msg)
+            }
+            Err(TrySendError::Disconnected(job)) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                self.reject(job, "rejected: the generation worker has stopped")
+            }
+        }
+    }
+
+    fn reject(&self, job: Job, why: &str) -> bool {
+        self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+        (job.on_done)(Reply::error(&job.request.id, why));
+        false
+    }
+
+    /// Whether one more job would be queued now (for action goal acceptance).
+    pub fn has_room(&self) -> bool {
+        self.shared.queued.load(Ordering::SeqCst) < self.capacity
+    }
+
+    pub fn stats(&self) -> Stats {
+        let s = &self.shared;
+        Stats {
+            queued: s.queued.load(Ordering::SeqCst),
+            queue_capacity: self.capacity,
+            busy: s.busy.load(Ordering::SeqCst),
+            completed: s.completed.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
+            cancelled: s.cancelled.load(Ordering::Relaxed),
+            last_tokens_per_s: *s.last_tokens_per_s.lock().unwrap(),
+            rss_bytes: sysinfo::rss_bytes(),
+            peak_rss_bytes: sysinfo::peak_rss_bytes(),
+        }
+    }
+
+    /// The task requests default to.
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+}
+
+impl Server {
+    /// Stops taking requests, stops the running generation at its next token
+    /// (its partial text is the reply), answers every queued request with a
+    /// rejection and joins the worker. Idempotent.
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.tx.lock().unwrap().take();
+        let worker = self.worker.lock().unwrap().take();
+        if let Some(w) = worker {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A request id for requests that came without one.
+pub fn new_request_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("req-{t}-{n}")
+}
+
+fn worker_loop(
+    mut engine: Engine,
+    rx: Receiver<Job>,
+    shared: Arc<Shared>,
+    shutting_down: Arc<AtomicBool>,
+) {
+    let mut applied = 0u64;
+    while let Ok(job) = rx.recv() {
+        shared.queued.fetch_sub(1, Ordering::SeqCst);
+        let id = job.request.id.clone();
+        if shutting_down.load(Ordering::SeqCst) {
+            shared.rejected.fetch_add(1, Ordering::Relaxed);
+            (job.on_done)(Reply::error(&id, "rejected: the node is shutting down"));
+            continue;
+        }
+        if job.cancel.is_cancelled() {
+            shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            (job.on_done)(Reply {
+                stop_reason: "cancelled".into(),
+                ..Reply::error(&id, "cancelled before it started")
+            });
+            continue;
+        }
+        let settings = {
+            let s = shared.settings.lock().unwrap();
+            if s.1 != applied && engine.selection().is_some() {
+                if let Err(e) = engine.set_selection(s.0.compute_ratio, s.0.token_ratio) {
+                    log::error!("could not apply compute_ratio/token_ratio: {e:#}");
+                }
+            }
+            applied = s.1;
+            s.0.clone()
+        };
+        shared.busy.store(true, Ordering::SeqCst);
+        let Job {
+            request,
+            cancel,
+            mut on_token,
+            on_done,
+        } = job;
+        let started = Instant::now();
+        let stop = || cancel.is_cancelled() || shutting_down.load(Ordering::SeqCst);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            run_request(&engine, &request, &settings, &stop, &mut on_token)
+        }));
+        shared.busy.store(false, Ordering::SeqCst);
+        let reply = match result {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => Reply::error(&id, format!("{e:#}")),
+            Err(_) => Reply::error(
+                &id,
+                "internal error: generation panicked (see the node log)",
+            ),
+        };
+        if reply.success {
+            *shared.last_tokens_per_s.lock().unwrap() = reply.tokens_per_s;
+            if reply.cancelled() {
+                shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            } else {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+            }
+            log::info!(
+                "request {id}: {} + {} tokens in {:.2} s ({})",
+                reply.prompt_tokens,
+                reply.generated_tokens,
+                started.elapsed().as_secs_f64(),
+                reply.stop_reason
+            );
+        } else {
+            shared.failed.fetch_add(1, Ordering::Relaxed);
+            log::warn!("request {id} failed: {}", reply.error);
+        }
+        on_done(reply);
+    }
+}
+
+fn run_request(
+    engine: &Engine,
+    r: &Request,
+    settings: &RuntimeSettings,
+    stop: &dyn Fn() -> bool,
+    on_token: &mut TokenSink,
+) -> Result<Reply> {
+    let opts = GenerateOptions {
+        max_new_tokens: r
+            .max_new_tokens
+            .map_or(settings.max_new_tokens, |n| n as usize),
+        sampling: Sampling {
+            temperature: r.temperature.unwrap_or(settings.sampling.temperature),
+            top_p: r.top_p.unwrap_or(settings.sampling.top_p),
+            seed: r.seed.map_or(settings.sampling.seed, |s| s as u64),
+        },
+        ignore_eos: false,
+    };
+    let mut index = 0usize;
+    let mut streamed = String::new();
+    let g = engine.generate_chat(&r.prompt, &opts, |piece| {
+        on_token(index, piece);
+        streamed.push_str(piece);
+        index += 1;
+        !stop()
+    })?;
+    // Text still held back by the stream (an unfinished UTF-8 sequence at
+    // the end) goes out too, so the pieces always add up to the reply.
+    if let Some(rest) = g.text.strip_prefix(streamed.as_str()) {
+        if !rest.is_empty() {
+            on_token(index, rest);
+        }
+    } else {
+        log::warn!(
+            "request {}: streamed text differs from the final text",
+            r.id
+        );
+    }
+    Ok(Reply {
+        success: true,
+        error: String::new(),
+        request_id: r.id.clone(),
+        text: g.text,
+        prompt_tokens: g.prompt_tokens,
+        generated_tokens: g.generated_tokens,
+        ttft_s: g.ttft_s,
+        tokens_per_s: g.decode_tokens_per_s,
+        compute_ratio: g.compute_ratio,
+        stop_reason: match g.stop_reason {
+            StopReason::Eos => "eos",
+            StopReason::Length => "length",
+            StopReason::Cancelled => "cancelled",
+        }
+        .into(),
+    })
+}

@@ -1,0 +1,124 @@
+//! What to load: model folder, dtype, device, SelectInfer mode and its
+//! parameters. One description shared by the CLI and the ROS node, so both
+//! build the same engine from the same settings.
+
+use crate::convert::WeightDtype;
+use crate::generate::Engine;
+use crate::model::LoadOptions;
+use crate::plan::SelectionParams;
+use crate::selective::{Method, Mode};
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Everything needed to load an [`Engine`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineSpec {
+    /// HF-style model folder (config.json, tokenizer.json, *.safetensors).
+    pub model: PathBuf,
+    pub dtype: WeightDtype,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    pub mode: Mode,
+    /// Ranking file; `None`: `rankings/<model folder name>.ranking.safetensors`.
+    pub ranking: Option<PathBuf>,
+    /// γ, δ, φ, α, dense layers and the task whose base ranking is used.
+    pub params: SelectionParams,
+    /// Seed of the `random-load` subset.
+    pub plan_seed: u64,
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::from("models/smollm2-135m-instruct"),
+            dtype: WeightDtype::F32,
+            device: "cpu".into(),
+            mode: Mode::Dense,
+            ranking: None,
+            params: SelectionParams {
+                load_ratio: 0.7,
+                static_ratio: 0.2,
+                compute_ratio: 0.4,
+                token_ratio: 0.2,
+                dense_layers: Vec::new(),
+                task: "qa".into(),
+            },
+            plan_seed: 0,
+        }
+    }
+}
+
+/// Parses `cpu` or `cuda:N` (`cuda` = `cuda:0`).
+pub fn parse_device(name: &str) -> Result<Device> {
+    let name = name.trim();
+    if name == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = match name {
+        "cuda" => Some(0),
+        _ => name
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok()),
+    };
+    let Some(ordinal) = ordinal else {
+        bail!("device must be `cpu` or `cuda:N`, got `{name}`");
+    };
+    if !candle_core::utils::cuda_is_available() {
+        bail!("device {name}: this build has no CUDA support (build with --features cuda)");
+    }
+    Device::new_cuda(ordinal).with_context(|| format!("device {name}: no usable CUDA device"))
+}
+
+impl EngineSpec {
+    /// The ranking file this spec uses (explicit or the model's default).
+    pub fn ranking_path(&self) -> Option<PathBuf> {
+        self.ranking.clone().or_else(|| {
+            self.model.file_name().map(|n| {
+                Path::new("rankings").join(format!("{}.ranking.safetensors", n.to_string_lossy()))
+            })
+        })
+    }
+
+    /// The parameters the mode actually runs with: coreinfer loads every
+    /// neuron and has no static set.
+    pub fn effective_params(&self) -> SelectionParams {
+        let mut p = self.params.clone();
+        if self.mode == Mode::Coreinfer {
+            p.load_ratio = 1.0;
+            p.static_ratio = 0.0;
+        }
+        p
+    }
+
+    /// The selective method (plan read from the ranking), `None` for dense.
+    pub fn method(&self) -> Result<Option<Method>> {
+        if self.mode == Mode::Dense {
+            return Ok(None);
+        }
+        Ok(Some(Method::new(
+            self.mode,
+            self.effective_params(),
+            &self.model,
+            self.ranking_path().as_deref(),
+            self.plan_seed,
+        )?))
+    }
+
+    /// Checks the model folder, device and parameters, then loads.
+    pub fn load(&self) -> Result<Engine> {
+        if !self.model.join("config.json").is_file() {
+            bail!(
+                "model folder {} has no config.json (run `selectinfer prepare-model`)",
+                self.model.display()
+            );
+        }
+        let opts = LoadOptions {
+            dtype: self.dtype.dtype(),
+            device: parse_device(&self.device)?,
+            ..Default::default()
+        };
+        Engine::load_with_method(&self.model, &opts, self.method()?)
+    }
+}
