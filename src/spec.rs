@@ -106,14 +106,27 @@ impl EngineSpec {
         )?))
     }
 
-    /// Checks the model folder, device and parameters, then loads.
-    pub fn load(&self) -> Result<Engine> {
-        if !self.model.join("config.json").is_file() {
+    /// Checks that the model folder exists and has a config.
+    pub fn check_model_folder(&self) -> Result<()> {
+        let m = &self.model;
+        if !m.is_dir() {
             bail!(
-                "model folder {} has no config.json (run `selectinfer prepare-model`)",
-                self.model.display()
+                "model folder {} does not exist (run `selectinfer prepare-model`)",
+                m.display()
             );
         }
+        if !m.join("config.json").is_file() {
+            bail!(
+                "model folder {} has no config.json (run `selectinfer prepare-model`)",
+                m.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks the model folder, device and parameters, then loads.
+    pub fn load(&self) -> Result<Engine> {
+        self.check_model_folder()?;
         let opts = LoadOptions {
             dtype: self.dtype.dtype(),
             device: parse_device(&self.device)?,

@@ -15,11 +15,14 @@ mod params;
 
 use crate::server::{CancelToken, Job, Reply, Request, Server, Stats};
 use anyhow::{Context as _, Result};
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
 use futures::StreamExt;
 use params::{NodeParams, ParamHandle};
 use r2r::selectinfer_msgs::{msg as si, srv::Generate};
 use r2r::{diagnostic_msgs, std_msgs, Publisher, QosProfile};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -173,18 +176,7 @@ fn diagnostics(
 /// Runs the node until SIGINT/SIGTERM; start-up errors give exit code 2.
 pub fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            log::error!("{NODE_NAME}: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
+    match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{NODE_NAME}: {e:#}");
@@ -193,7 +185,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run() -> Result<()> {
+fn run() -> Result<()> {
     let ctx = r2r::Context::create().context("creating the ROS context")?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "").context("creating the ROS node")?;
     let params = {
@@ -213,9 +205,14 @@ async fn run() -> Result<()> {
         params: params.clone(),
         server: server.clone(),
     }));
+    // r2r hands each service request and message through a small channel
+    // (10) and drops what does not fit, so every stream is drained on the
+    // spinning thread right after each spin (LocalPool), never elsewhere.
+    let mut pool = LocalPool::new();
+    let spawner = pool.spawner();
     let (param_server, mut param_events) = node.make_derived_parameter_handler(handle.clone())?;
-    tokio::spawn(param_server);
-    tokio::spawn(async move { while param_events.next().await.is_some() {} });
+    spawner.spawn_local(param_server)?;
+    spawner.spawn_local(async move { while param_events.next().await.is_some() {} })?;
 
     let reliable_deep = QosProfile::default().keep_last(1000);
     let outputs = Outputs {
@@ -246,7 +243,7 @@ async fn run() -> Result<()> {
     {
         let server = server.clone();
         let out = outputs.clone();
-        tokio::spawn(async move {
+        spawner.spawn_local(async move {
             while let Some(req) = services.next().await {
                 let m = &req.message;
                 let r = request(
@@ -280,7 +277,7 @@ async fn run() -> Result<()> {
                 };
                 server.submit(job);
             }
-        });
+        })?;
     }
 
     // Topics: replies go to ~/response.
@@ -318,7 +315,7 @@ async fn run() -> Result<()> {
     };
     {
         let submit = submit_topic.clone();
-        tokio::spawn(async move {
+        spawner.spawn_local(async move {
             while let Some(m) = prompts.next().await {
                 submit(request(
                     &m.request_id,
@@ -330,22 +327,22 @@ async fn run() -> Result<()> {
                     m.seed,
                 ));
             }
-        });
+        })?;
     }
     {
         let submit = submit_topic;
-        tokio::spawn(async move {
+        spawner.spawn_local(async move {
             while let Some(m) = instructions.next().await {
                 submit(request("", &m.data, "", -1, -1.0, -1.0, -1));
             }
-        });
+        })?;
     }
 
     // Statistics.
     {
         let server = server.clone();
         let handle = handle.clone();
-        tokio::spawn(async move {
+        spawner.spawn_local(async move {
             let mut clock = r2r::Clock::create(r2r::ClockType::SystemTime).ok();
             while diag_timer.tick().await.is_ok() {
                 let now = clock
@@ -357,31 +354,23 @@ async fn run() -> Result<()> {
                     log::warn!("publishing diagnostics: {e}");
                 }
             }
-        });
+        })?;
     }
 
-    // The executor: spin on a blocking thread until a signal arrives.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinner = {
-        let stop = stop.clone();
-        tokio::task::spawn_blocking(move || {
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                node.spin_once(Duration::from_millis(20));
-            }
-            node
-        })
-    };
+    // The executor: spin, then run every task until it waits again.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
     log::info!(
         "{NODE_NAME} serving ~/generate, ~/prompt, {}",
         params.instruction_topic
     );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => log::info!("SIGINT: shutting down"),
-        _ = term.recv() => log::info!("SIGTERM: shutting down"),
+    while !stop.load(Ordering::SeqCst) {
+        node.spin_once(Duration::from_millis(20));
+        pool.run_until_stalled();
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let node = spinner.await?;
+    log::info!("signal received: shutting down");
     // Answers what is still queued (rejections), then lets the node go.
     server.shutdown();
     drop(node);

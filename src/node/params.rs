@@ -99,11 +99,15 @@ pub struct NodeParams {
 
 impl Default for NodeParams {
     fn default() -> Self {
+        // The same values as config/node.yaml.
         let mut engine = EngineSpec {
             mode: Mode::Selectinfer,
             ..Default::default()
         };
-        engine.params.dense_layers = Vec::new();
+        engine.params.load_ratio = 0.9;
+        engine.params.static_ratio = 0.3;
+        engine.params.compute_ratio = 0.7;
+        engine.params.token_ratio = 0.5;
         Self {
             runtime: RuntimeSettings {
                 max_new_tokens: 128,
@@ -172,14 +176,10 @@ impl NodeParams {
     /// Turns negative dense layer indices into layer numbers (needs the
     /// model's config).
     fn resolve_dense_layers(&mut self) -> Result<()> {
-        let cfg_path = self.engine.model.join("config.json");
-        if !cfg_path.is_file() {
-            bail!(
-                "parameter model: {} has no config.json (run `selectinfer prepare-model`)",
-                self.engine.model.display()
-            );
-        }
-        let n = Config::from_file(&cfg_path)?.num_hidden_layers as i64;
+        self.engine
+            .check_model_folder()
+            .context("parameter model")?;
+        let n = Config::from_file(&self.engine.model.join("config.json"))?.num_hidden_layers as i64;
         let mut layers = Vec::new();
         for &l in &self.dense_layers_raw {
             let r = if l < 0 { n + l } else { l };
