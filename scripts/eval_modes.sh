@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# Accuracy, speed and memory of every engine mode on the three dev tasks.
+# Accuracy, speed and memory of the engine modes on the three dev tasks.
 # Usage: scripts/eval_modes.sh MODEL_DIR LIMIT OUT_DIR [extra flags for every run]
-# Per-example outputs go to OUT_DIR/<mode>.<task>.jsonl (resumable); prints a
-# markdown table.
+# CONFIGS (env) lists "mode:φ" entries; the default is the issue's set:
+# dense, load-only γ=0.7, selectinfer γ=0.7 φ∈{0.3,0.4,0.5}, coreinfer φ=0.4,
+# random-load γ=0.7 φ=0.4 (δ=0.2, α=0.2, layers 0 and last dense unless the
+# extra flags say otherwise). Per-example outputs go to
+# OUT_DIR/<mode>-<φ>.<task>.jsonl (resumable); prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/smollm2-135m-instruct}; LIMIT=${2:-100}; OUT=${3:-runs/eval}
 shift 3 || true
+CONFIGS=${CONFIGS:-"dense:1 load-only:0.7 selectinfer:0.3 selectinfer:0.4 selectinfer:0.5 coreinfer:0.4 random-load:0.4"}
+TASKS=${TASKS:-"translation_wmt22_deen summarization_xsum qa_squad11"}
 BIN=target/release/selectinfer
 DATA=../shared/data
+LAYERS=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$MODEL/config.json")
 mkdir -p "$OUT"
-echo "| mode | task | metrics | TTFT s | decode tok/s | φ used | peak RSS MiB |"
-echo "|---|---|---|---|---|---|---|"
-for mode in dense load-only selectinfer coreinfer random-load; do
-  for task in translation_wmt22_deen summarization_xsum qa_squad11; do
+echo "| mode | φ | task | metrics | n | TTFT s | decode tok/s | φ used | peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for cfg in $CONFIGS; do
+  mode=${cfg%%:*}; phi=${cfg##*:}
+  phi_flag=(--compute-ratio "$phi"); [ "$mode" = dense ] || [ "$mode" = load-only ] && phi_flag=(--compute-ratio 0.4)
+  for task in $TASKS; do
     "$BIN" eval --model "$MODEL" --mode "$mode" --task "${task%%_*}" \
-      --load-ratio 0.7 --static-ratio 0.2 --compute-ratio 0.4 --token-ratio 0.2 "$@" \
+      --load-ratio 0.7 --static-ratio 0.2 "${phi_flag[@]}" --token-ratio 0.2 \
+      --dense-layers "0,$((LAYERS - 1))" "$@" \
       --data "$DATA/$task.dev.jsonl" --limit "$LIMIT" --max-new-tokens 48 \
-      --out "$OUT/$mode.${task%%_*}.jsonl" --json 2>/dev/null | MODE=$mode python3 -c '
+      --out "$OUT/$mode-$phi.${task%%_*}.jsonl" --json 2>/dev/null | MODE=$mode PHI=$phi python3 -c '
 import json, os, sys
 r = json.load(sys.stdin)
 m = ", ".join("%s %.2f" % kv for kv in r["metrics"].items())
-cells = [os.environ["MODE"], r["task"], m, "%.3f" % r["mean_ttft_s"], "%.1f" % r["mean_decode_tokens_per_s"],
-         "%.3f" % r["mean_compute_ratio"], "%.0f" % (r["peak_rss_bytes"] / 2**20)]
+cells = [os.environ["MODE"], os.environ["PHI"], r["task"], m, str(r.get("examples", "")), "%.3f" % r["mean_ttft_s"],
+         "%.1f" % r["mean_decode_tokens_per_s"], "%.3f" % r["mean_compute_ratio"], "%.0f" % (r["peak_rss_bytes"] / 2**20)]
 print("| " + " | ".join(cells) + " |")'
   done
 done

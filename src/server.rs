@@ -11,10 +11,10 @@ use crate::spec::EngineSpec;
 use crate::sysinfo;
 use anyhow::{bail, Result};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -128,8 +128,16 @@ pub struct ServerConfig {
     pub defaults: RuntimeSettings,
 }
 
+/// The FIFO and whether it still takes jobs.
+struct Queue {
+    jobs: VecDeque<Job>,
+    open: bool,
+}
+
 struct Shared {
     settings: Mutex<(RuntimeSettings, u64)>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
     queued: AtomicUsize,
     busy: AtomicBool,
     completed: AtomicU64,
@@ -142,7 +150,6 @@ struct Shared {
 /// The queue and its worker. Dropping it answers every still-queued request
 /// with an error and joins the worker.
 pub struct Server {
-    tx: Mutex<Option<SyncSender<Job>>>,
     shared: Arc<Shared>,
     worker: Mutex<Option<JoinHandle<()>>>,
     capacity: usize,
@@ -189,6 +196,11 @@ impl Server {
         )?;
         let shared = Arc::new(Shared {
             settings: Mutex::new((defaults, 0)),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                open: true,
+            }),
+            wake: Condvar::new(),
             queued: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             completed: AtomicU64::new(0),
@@ -197,17 +209,15 @@ impl Server {
             cancelled: AtomicU64::new(0),
             last_tokens_per_s: Mutex::new(0.0),
         });
-        let (tx, rx) = sync_channel::<Job>(config.queue_depth);
         let shutting_down = Arc::new(AtomicBool::new(false));
         let worker = {
             let shared = shared.clone();
             let stop = shutting_down.clone();
             std::thread::Builder::new()
                 .name("selectinfer-worker".into())
-                .spawn(move || worker_loop(engine, rx, shared, stop))?
+                .spawn(move || worker_loop(engine, shared, stop))?
         };
         Ok(Self {
-            tx: Mutex::new(Some(tx)),
             shared,
             worker: Mutex::new(Some(worker)),
             capacity: config.queue_depth,
@@ -325,25 +335,41 @@ impl Server {
             (job.on_done)(Reply::error(&job.request.id, format!("{e:#}")));
             return false;
         }
-        let tx = self.tx.lock().unwrap().clone();
-        let Some(tx) = tx else {
+        let mut q = self.shared.queue.lock().unwrap();
+        if !q.open {
+            drop(q);
             return self.reject(job, "rejected: the node is shutting down");
+        }
+        if q.jobs.len() >= self.capacity {
+            drop(q);
+            let msg = format!(
+                "rejected: the queue is full ({} waiting, queue_depth {})",
+                self.capacity, self.capacity
+            );
+            return self.reject(job, &msg);
+        }
+        q.jobs.push_back(job);
+        self.shared.queued.store(q.jobs.len(), Ordering::SeqCst);
+        drop(q);
+        self.shared.wake.notify_one();
+        true
+    }
+
+    /// Answers and removes the queued jobs whose cancel token is set, so a
+    /// cancelled request frees its queue slot at once (call after cancelling).
+    pub fn purge_cancelled(&self) {
+        let removed: Vec<Job> = {
+            let mut q = self.shared.queue.lock().unwrap();
+            let (gone, kept): (Vec<Job>, Vec<Job>) =
+                q.jobs.drain(..).partition(|j| j.cancel.is_cancelled());
+            q.jobs = kept.into();
+            self.shared.queued.store(q.jobs.len(), Ordering::SeqCst);
+            gone
         };
-        self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        match tx.try_send(job) {
-            Ok(()) => true,
-            Err(TrySendError::Full(job)) => {
-                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                let msg = format!(
-                    "rejected: the queue is full ({} waiting, queue_depth {})",
-                    self.capacity, self.capacity
-                );
-                self.reject(job, &msg)
-            }
-            Err(TrySendError::Disconnected(job)) => {
-                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                self.reject(job, "rejected: the generation worker has stopped")
-            }
+        for job in removed {
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            log::info!("request {} cancelled while queued", job.request.id);
+            (job.on_done)(cancelled_before_start(&job.request.id));
         }
     }
 
@@ -356,7 +382,8 @@ impl Server {
 
     /// Whether one more job would be queued now (for action goal acceptance).
     pub fn has_room(&self) -> bool {
-        self.shared.queued.load(Ordering::SeqCst) < self.capacity
+        let q = self.shared.queue.lock().unwrap();
+        q.open && q.jobs.len() < self.capacity
     }
 
     pub fn stats(&self) -> Stats {
@@ -387,7 +414,8 @@ impl Server {
     /// rejection and joins the worker. Idempotent.
     pub fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        self.tx.lock().unwrap().take();
+        self.shared.queue.lock().unwrap().open = false;
+        self.shared.wake.notify_all();
         let worker = self.worker.lock().unwrap().take();
         if let Some(w) = worker {
             let _ = w.join();
@@ -412,15 +440,31 @@ pub fn new_request_id() -> String {
     format!("req-{t}-{n}")
 }
 
-fn worker_loop(
-    mut engine: Engine,
-    rx: Receiver<Job>,
-    shared: Arc<Shared>,
-    shutting_down: Arc<AtomicBool>,
-) {
+fn cancelled_before_start(id: &str) -> Reply {
+    Reply {
+        stop_reason: "cancelled".into(),
+        ..Reply::error(id, "cancelled before it started")
+    }
+}
+
+/// Next job, waiting for one; `None` once the queue is closed and empty.
+fn next_job(shared: &Shared) -> Option<Job> {
+    let mut q = shared.queue.lock().unwrap();
+    loop {
+        if let Some(job) = q.jobs.pop_front() {
+            shared.queued.store(q.jobs.len(), Ordering::SeqCst);
+            return Some(job);
+        }
+        if !q.open {
+            return None;
+        }
+        q = shared.wake.wait(q).unwrap();
+    }
+}
+
+fn worker_loop(mut engine: Engine, shared: Arc<Shared>, shutting_down: Arc<AtomicBool>) {
     let mut applied = 0u64;
-    while let Ok(job) = rx.recv() {
-        shared.queued.fetch_sub(1, Ordering::SeqCst);
+    while let Some(job) = next_job(&shared) {
         let id = job.request.id.clone();
         if shutting_down.load(Ordering::SeqCst) {
             shared.rejected.fetch_add(1, Ordering::Relaxed);
@@ -429,10 +473,7 @@ fn worker_loop(
         }
         if job.cancel.is_cancelled() {
             shared.cancelled.fetch_add(1, Ordering::Relaxed);
-            (job.on_done)(Reply {
-                stop_reason: "cancelled".into(),
-                ..Reply::error(&id, "cancelled before it started")
-            });
+            (job.on_done)(cancelled_before_start(&id));
             continue;
         }
         let settings = {

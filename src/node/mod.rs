@@ -5,6 +5,10 @@
 //!   `std_msgs/String` instructions on `instruction_topic`, answered on
 //!   `~/response` (`selectinfer_msgs/msg/Response`, same request id);
 //! - `~/tokens` (`selectinfer_msgs/msg/Token`): streamed text of every request;
+//! - action `~/generate_stream` (`selectinfer_msgs/action/Generate`): the
+//!   same request as a goal, new text as feedback, cancel within one decode
+//!   step; goals beyond the queue are rejected at acceptance (the reason goes
+//!   to `~/response` under the goal's request id);
 //! - `/diagnostics` (`diagnostic_msgs/DiagnosticArray`): queue depth,
 //!   tokens/s, RSS, request counters.
 //!
@@ -15,16 +19,19 @@ mod params;
 
 use crate::server::{CancelToken, Job, Reply, Request, Server, Stats};
 use anyhow::{Context as _, Result};
+use futures::channel::oneshot;
 use futures::executor::LocalPool;
+use futures::future::{self, Either};
 use futures::task::LocalSpawnExt;
 use futures::StreamExt;
 use params::{NodeParams, ParamHandle};
-use r2r::selectinfer_msgs::{msg as si, srv::Generate};
+use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
 use r2r::{diagnostic_msgs, std_msgs, Publisher, QosProfile};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 
 pub use params::PARAMETERS;
 
@@ -99,6 +106,28 @@ fn service_response(r: &Reply) -> Generate::Response {
         tokens_per_s: m.tokens_per_s,
         compute_ratio: m.compute_ratio,
         stop_reason: m.stop_reason,
+    }
+}
+
+/// GoalStatus values of the action result's `status` field.
+const STATUS_SUCCEEDED: i8 = 4;
+const STATUS_CANCELED: i8 = 5;
+const STATUS_ABORTED: i8 = 6;
+
+fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
+    let m = response_msg(r);
+    GenerateAction::Result {
+        success: m.success,
+        error: m.error,
+        request_id: m.request_id,
+        text: m.text,
+        prompt_tokens: m.prompt_tokens,
+        generated_tokens: m.generated_tokens,
+        ttft_s: m.ttft_s,
+        tokens_per_s: m.tokens_per_s,
+        compute_ratio: m.compute_ratio,
+        stop_reason: m.stop_reason,
+        status,
     }
 }
 
@@ -233,6 +262,8 @@ fn run() -> Result<()> {
         "~/generate",
         QosProfile::services_default().keep_last(1000),
     )?;
+    let mut goal_requests =
+        node.create_action_server::<GenerateAction::Action>("~/generate_stream")?;
     let mut prompts = node.subscribe::<si::Prompt>("~/prompt", reliable_deep.clone())?;
     let mut instructions =
         node.subscribe::<std_msgs::msg::String>(&params.instruction_topic, reliable_deep)?;
@@ -338,6 +369,115 @@ fn run() -> Result<()> {
         })?;
     }
 
+    // Action: goals share the queue; feedback and the result go out from
+    // the worker thread, cancel requests are handled here.
+    {
+        let server = server.clone();
+        let out = outputs.clone();
+        let spawner_goals = spawner.clone();
+        spawner.spawn_local(async move {
+            while let Some(req) = goal_requests.next().await {
+                let g = &req.goal;
+                let r = request(
+                    &g.request_id,
+                    &g.prompt,
+                    &g.task,
+                    g.max_new_tokens,
+                    g.temperature,
+                    g.top_p,
+                    g.seed,
+                );
+                let id = if r.id.is_empty() {
+                    crate::server::new_request_id()
+                } else {
+                    r.id.clone()
+                };
+                if !server.has_room() {
+                    // An action goal response has no reason field: the reason
+                    // goes to ~/response under the goal's request id.
+                    let why = format!(
+                        "rejected: the queue is full (queue_depth {})",
+                        server.stats().queue_capacity
+                    );
+                    log::info!("goal {id} {why}");
+                    if let Err(e) = req.reject() {
+                        log::error!("rejecting goal {id}: {e}");
+                    }
+                    let reply = Reply::error(&id, why);
+                    if let Err(e) = out.responses.lock().unwrap().publish(&response_msg(&reply)) {
+                        log::error!("publishing the rejection of {id}: {e}");
+                    }
+                    continue;
+                }
+                let (goal, mut cancels) = match req.accept() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        log::error!("accepting goal {id}: {e}");
+                        continue;
+                    }
+                };
+                let cancel = CancelToken::default();
+                let (done_tx, mut done_rx) = oneshot::channel::<()>();
+                let feedback_goal = goal.clone();
+                let mut tokens = out.token_sink(&id);
+                let started = Instant::now();
+                let on_token: crate::server::TokenSink = Box::new(move |index, text| {
+                    tokens(index, text);
+                    let secs = started.elapsed().as_secs_f64();
+                    let fb = GenerateAction::Feedback {
+                        text: text.to_string(),
+                        generated_tokens: index as u32 + 1,
+                        tokens_per_s: ((index + 1) as f64 / secs.max(1e-9)) as f32,
+                    };
+                    if let Err(e) = feedback_goal.publish_feedback(fb) {
+                        log::warn!("publishing feedback: {e}");
+                    }
+                });
+                let out2 = out.clone();
+                let by_client = cancel.clone();
+                let mut result_goal = goal;
+                let on_done: crate::server::ReplySink = Box::new(move |reply: Reply| {
+                    out2.finish_tokens(&reply);
+                    let sent = if reply.cancelled() && by_client.is_cancelled() {
+                        result_goal.cancel(action_result(&reply, STATUS_CANCELED))
+                    } else if reply.success && !reply.cancelled() {
+                        result_goal.succeed(action_result(&reply, STATUS_SUCCEEDED))
+                    } else {
+                        result_goal.abort(action_result(&reply, STATUS_ABORTED))
+                    };
+                    if let Err(e) = sent {
+                        log::error!("sending the result of goal {}: {e}", reply.request_id);
+                    }
+                    let _ = done_tx.send(());
+                });
+                // Cancel requests until the goal is done.
+                let server_c = server.clone();
+                let cancel_c = cancel.clone();
+                let spawned = spawner_goals.spawn_local(async move {
+                    loop {
+                        match future::select(cancels.next(), &mut done_rx).await {
+                            Either::Left((Some(c), _)) => {
+                                c.accept();
+                                cancel_c.cancel();
+                                server_c.purge_cancelled();
+                            }
+                            _ => break,
+                        }
+                    }
+                });
+                if let Err(e) = spawned {
+                    log::error!("watching goal {id} for cancel requests: {e}");
+                }
+                server.submit(Job {
+                    request: Request { id, ..r },
+                    cancel,
+                    on_token,
+                    on_done,
+                });
+            }
+        })?;
+    }
+
     // Statistics.
     {
         let server = server.clone();
@@ -363,7 +503,7 @@ fn run() -> Result<()> {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     log::info!(
-        "{NODE_NAME} serving ~/generate, ~/prompt, {}",
+        "{NODE_NAME} serving ~/generate, ~/generate_stream, ~/prompt, {}",
         params.instruction_topic
     );
     while !stop.load(Ordering::SeqCst) {
