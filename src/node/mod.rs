@@ -27,6 +27,7 @@ use futures::StreamExt;
 use params::{NodeParams, ParamHandle};
 use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
 use r2r::{diagnostic_msgs, std_msgs, Publisher, QosProfile};
+use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,6 +76,42 @@ impl Outputs {
         if let Err(e) = self.tokens.lock().unwrap().publish(&msg) {
             log::warn!("publishing the end of {}: {e}", reply.request_id);
         }
+    }
+}
+
+/// Finds abandoned action goals. r2r does not say which client sent a goal,
+/// so the rule is conservative: a goal is abandoned once every action client
+/// that was on the graph when it was accepted has left (their send_goal
+/// request writers are gone). It is then cancelled, which frees its slot.
+#[derive(Default)]
+struct GoalWatch {
+    /// Endpoint ids of the action clients on the graph now.
+    clients: HashSet<Gid>,
+    /// Running or queued goals: their cancel token and the clients present
+    /// when they were accepted (empty until the graph has been read).
+    goals: HashMap<String, (CancelToken, HashSet<Gid>)>,
+}
+
+type Gid = Vec<u8>;
+
+impl GoalWatch {
+    fn accept(&mut self, id: &str, cancel: CancelToken) {
+        self.goals
+            .insert(id.to_string(), (cancel, self.clients.clone()));
+    }
+
+    /// Updates the client set; returns the goals whose clients all left.
+    fn update(&mut self, present: HashSet<Gid>) -> Vec<(String, CancelToken)> {
+        self.clients = present;
+        let mut gone = Vec::new();
+        for (id, (cancel, seen)) in self.goals.iter_mut() {
+            if seen.is_empty() {
+                seen.clone_from(&self.clients);
+            } else if seen.is_disjoint(&self.clients) && !cancel.is_cancelled() {
+                gone.push((id.clone(), cancel.clone()));
+            }
+        }
+        gone
     }
 }
 
@@ -371,7 +408,13 @@ fn run() -> Result<()> {
 
     // Action: goals share the queue; feedback and the result go out from
     // the worker thread, cancel requests are handled here.
+    let watch = Arc::new(Mutex::new(GoalWatch::default()));
+    let send_goal_topic = format!(
+        "rq{}/generate_stream/_action/send_goalRequest",
+        node.fully_qualified_name()?
+    );
     {
+        let watch = watch.clone();
         let server = server.clone();
         let out = outputs.clone();
         let spawner_goals = spawner.clone();
@@ -417,6 +460,8 @@ fn run() -> Result<()> {
                     }
                 };
                 let cancel = CancelToken::default();
+                watch.lock().unwrap().accept(&id, cancel.clone());
+                let watch_done = watch.clone();
                 let (done_tx, mut done_rx) = oneshot::channel::<()>();
                 let feedback_goal = goal.clone();
                 let mut tokens = out.token_sink(&id);
@@ -448,21 +493,19 @@ fn run() -> Result<()> {
                     if let Err(e) = sent {
                         log::error!("sending the result of goal {}: {e}", reply.request_id);
                     }
+                    watch_done.lock().unwrap().goals.remove(&reply.request_id);
                     let _ = done_tx.send(());
                 });
                 // Cancel requests until the goal is done.
                 let server_c = server.clone();
                 let cancel_c = cancel.clone();
                 let spawned = spawner_goals.spawn_local(async move {
-                    loop {
-                        match future::select(cancels.next(), &mut done_rx).await {
-                            Either::Left((Some(c), _)) => {
-                                c.accept();
-                                cancel_c.cancel();
-                                server_c.purge_cancelled();
-                            }
-                            _ => break,
-                        }
+                    while let Either::Left((Some(c), _)) =
+                        future::select(cancels.next(), &mut done_rx).await
+                    {
+                        c.accept();
+                        cancel_c.cancel();
+                        server_c.purge_cancelled();
                     }
                 });
                 if let Err(e) = spawned {
@@ -506,9 +549,25 @@ fn run() -> Result<()> {
         "{NODE_NAME} serving ~/generate, ~/generate_stream, ~/prompt, {}",
         params.instruction_topic
     );
+    let mut graph_checked = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         node.spin_once(Duration::from_millis(20));
         pool.run_until_stalled();
+        if graph_checked.elapsed() > Duration::from_millis(500) {
+            graph_checked = Instant::now();
+            match node.get_publishers_info_by_topic(&send_goal_topic, true) {
+                Ok(infos) => {
+                    let present = infos.into_iter().map(|i| i.endpoint_gid.to_vec()).collect();
+                    let gone = watch.lock().unwrap().update(present);
+                    for (id, cancel) in gone {
+                        log::info!("goal {id}: its client left the graph; cancelling");
+                        cancel.cancel();
+                    }
+                    server.purge_cancelled();
+                }
+                Err(e) => log::debug!("reading the graph for {send_goal_topic}: {e}"),
+            }
+        }
     }
     log::info!("signal received: shutting down");
     // Answers what is still queued (rejections), then lets the node go.

