@@ -101,7 +101,7 @@ impl Default for NodeParams {
     fn default() -> Self {
         // The same values as config/node.yaml.
         let mut engine = EngineSpec {
-            mode: Mode::Selectinfer,
+            mode: Mode::LoadOnly,
             ..Default::default()
         };
         engine.params.load_ratio = 0.9;

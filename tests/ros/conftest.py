@@ -70,7 +70,7 @@ def node_proc(tmp_path_factory):
     """The node with the shipped parameters file; short answers for speed and
     the paper's ratios, which the tests' numbers rely on."""
     log = tmp_path_factory.mktemp("node") / "node.log"
-    proc = start_node(log, "max_new_tokens:=16", "queue_depth:=8", "load_ratio:=0.7",
+    proc = start_node(log, "max_new_tokens:=16", "queue_depth:=8", "mode:=selectinfer", "load_ratio:=0.7",
                       "static_ratio:=0.2", "compute_ratio:=0.4", "token_ratio:=0.2")
     try:
         wait_ready(proc, log)
