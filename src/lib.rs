@@ -7,6 +7,7 @@
 //! the ROS 2 node (`node`, feature `ros`). Binaries in `src/bin` are thin
 //! shells over these.
 
+pub mod bag;
 pub mod bench;
 pub mod convert;
 pub mod data;
@@ -21,6 +22,7 @@ pub mod plan;
 pub mod prepare;
 pub mod profile;
 pub mod ranking;
+pub mod replay;
 pub mod rowread;
 pub mod selective;
 pub mod server;
