@@ -82,8 +82,13 @@ pub struct Generation {
     /// Seconds from the start of prefill to the first generated token.
     pub ttft_s: f64,
     pub prefill_tokens_per_s: f64,
-    /// Tokens/s over the decode steps (the tokens after the first).
+    /// Tokens/s over the decode steps (the tokens after the first), not
+    /// counting the one-time build of the compact weights.
     pub decode_tokens_per_s: f64,
+    /// Seconds spent once per prompt building the compact weights of the
+    /// selected neurons (after the first token is out; 0 for modes that do
+    /// not select).
+    pub compact_build_s: f64,
     pub stop_reason: StopReason,
     pub peak_rss_bytes: u64,
     /// Fraction of the model's FFN neurons computed per decode token (φ
@@ -125,6 +130,8 @@ pub struct Engine {
 
 /// Per-layer compact MLPs of one prompt (`None`: the layer's own MLP).
 type CompactMlps = Vec<Option<Mlp>>;
+/// Per-layer rows chosen for a prompt (`None`: the layer computes all it holds).
+type Chosen = Vec<Option<Vec<usize>>>;
 
 impl Engine {
     /// Loads a dense engine.
@@ -188,16 +195,12 @@ impl Engine {
     }
 
     /// Runs the prompt; for selective modes also picks each layer's neurons
-    /// from the prompt's activations and builds the compact MLPs.
-    fn prefill(
-        &self,
-        prompt: &[u32],
-        cache: &mut KvCache,
-    ) -> Result<(Tensor, Option<CompactMlps>)> {
+    /// (rows of the loaded MLP) from the prompt's activations.
+    fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<(Tensor, Option<Chosen>)> {
         let Some(selectors) = &self.selectors else {
             return Ok((self.model.forward(prompt, cache)?, None));
         };
-        let mut chosen: Vec<Option<Vec<usize>>> = vec![None; selectors.len()];
+        let mut chosen: Chosen = vec![None; selectors.len()];
         let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
             if let Some(sel) = &selectors[layer] {
                 chosen[layer] = Some(sel.select(a)?);
@@ -205,25 +208,31 @@ impl Engine {
             Ok(())
         };
         let logits = self.model.forward_observed(prompt, cache, &mut observe)?;
-        let compact = chosen
+        Ok((logits, Some(chosen)))
+    }
+
+    /// Compact contiguous MLPs of the chosen rows, built once per prompt.
+    fn compact(&self, chosen: &Chosen) -> Result<CompactMlps> {
+        chosen
             .iter()
             .zip(&self.model.blocks)
             .map(|(c, b)| c.as_ref().map(|pos| b.mlp.select(pos)).transpose())
-            .collect::<Result<Vec<_>>>()?;
-        Ok((logits, Some(compact)))
+            .collect()
     }
 
     /// FFN neurons computed per decode token / all FFN neurons, and weight
-    /// bytes read per decode token, given the prompt's compact MLPs.
-    fn decode_cost(&self, compact: Option<&CompactMlps>) -> (f64, u64) {
+    /// bytes read per decode token, given the prompt's chosen rows.
+    fn decode_cost(&self, chosen: Option<&Chosen>) -> (f64, u64) {
         let cfg = self.model.config();
         let mut neurons = 0usize;
         let mut bytes = self.model.decode_weight_bytes();
         for (i, b) in self.model.blocks.iter().enumerate() {
-            match compact.and_then(|c| c[i].as_ref()) {
-                Some(m) => {
-                    neurons += m.width();
-                    bytes = bytes - b.mlp.weight_bytes() + m.weight_bytes();
+            match chosen.and_then(|c| c[i].as_ref()) {
+                Some(rows) => {
+                    neurons += rows.len();
+                    // Every neuron of a layer has the same bytes (gate, up, down).
+                    let per_neuron = b.mlp.weight_bytes() / b.mlp.width().max(1);
+                    bytes = bytes - b.mlp.weight_bytes() + per_neuron * rows.len();
                 }
                 None => neurons += b.mlp.width(),
             }
@@ -284,7 +293,10 @@ impl Engine {
         let mut stream = TextStream::new(&self.codec);
         let stop_ids = self.codec.stop_ids();
         let start = Instant::now();
-        let (mut logits, compact) = self.prefill(prompt, &mut cache)?;
+        let (mut logits, chosen) = self.prefill(prompt, &mut cache)?;
+        // Built after the first token is out, so it does not delay it.
+        let mut compact: Option<CompactMlps> = None;
+        let mut compact_build_s = 0.0;
         let mut generated = Vec::new();
         let mut first_token_at = None;
         let mut stop_reason = StopReason::Length;
@@ -307,6 +319,11 @@ impl Engine {
             if generated.len() == opts.max_new_tokens {
                 break;
             }
+            if let (Some(c), None) = (&chosen, &compact) {
+                let t = Instant::now();
+                compact = Some(self.compact(c)?);
+                compact_build_s = t.elapsed().as_secs_f64();
+            }
             logits = match &compact {
                 Some(mlps) => self.model.forward_with_mlps(&[next], &mut cache, mlps)?,
                 None => self.model.forward(&[next], &mut cache)?,
@@ -315,7 +332,7 @@ impl Engine {
         let total = start.elapsed().as_secs_f64();
         let ttft = first_token_at.unwrap_or(total);
         let decode_steps = generated.len().saturating_sub(1);
-        let (compute_ratio, decode_weight_bytes) = self.decode_cost(compact.as_ref());
+        let (compute_ratio, decode_weight_bytes) = self.decode_cost(chosen.as_ref());
         Ok(Generation {
             text: stream.text()?,
             prompt_tokens: prompt.len(),
@@ -323,7 +340,7 @@ impl Engine {
             ttft_s: ttft,
             prefill_tokens_per_s: prompt.len() as f64 / ttft.max(1e-9),
             decode_tokens_per_s: if decode_steps > 0 {
-                decode_steps as f64 / (total - ttft).max(1e-9)
+                decode_steps as f64 / (total - ttft - compact_build_s).max(1e-9)
             } else {
                 0.0
             },
@@ -331,6 +348,7 @@ impl Engine {
             peak_rss_bytes: sysinfo::peak_rss_bytes(),
             compute_ratio,
             decode_weight_bytes,
+            compact_build_s,
             token_ids: generated,
         })
     }
