@@ -168,7 +168,24 @@ fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
     }
 }
 
-/// Request fields as the interfaces carry them (negative = node default).
+/// A [`Request`] from any interface message with the request fields
+/// (Prompt, the service request, the action goal).
+macro_rules! request_of {
+    ($m:expr) => {
+        request(
+            &$m.request_id,
+            &$m.prompt,
+            &$m.task,
+            $m.max_new_tokens,
+            $m.temperature,
+            $m.top_p,
+            $m.seed,
+        )
+    };
+}
+
+/// Request fields as the interfaces carry them (negative = node default);
+/// a request without an id gets one.
 #[allow(clippy::too_many_arguments)]
 fn request(
     id: &str,
@@ -180,7 +197,11 @@ fn request(
     seed: i64,
 ) -> Request {
     Request {
-        id: id.to_string(),
+        id: if id.is_empty() {
+            crate::server::new_request_id()
+        } else {
+            id.to_string()
+        },
         prompt: prompt.to_string(),
         task: task.to_string(),
         // -1 = default; 0 and other negatives are passed on and refused.
@@ -314,26 +335,11 @@ fn run() -> Result<()> {
         spawner.spawn_local(async move {
             while let Some(req) = services.next().await {
                 let m = &req.message;
-                let r = request(
-                    &m.request_id,
-                    &m.prompt,
-                    &m.task,
-                    m.max_new_tokens,
-                    m.temperature,
-                    m.top_p,
-                    m.seed,
-                );
-                let id = if r.id.is_empty() {
-                    crate::server::new_request_id()
-                } else {
-                    r.id.clone()
-                };
+                let r = request_of!(m);
+                let id = r.id.clone();
                 let out2 = out.clone();
                 let job = Job {
-                    request: Request {
-                        id: id.clone(),
-                        ..r
-                    },
+                    request: r,
                     cancel: CancelToken::default(),
                     on_token: out.token_sink(&id),
                     on_done: Box::new(move |reply: Reply| {
@@ -353,17 +359,10 @@ fn run() -> Result<()> {
         let server = server.clone();
         let out = outputs.clone();
         move |r: Request| {
-            let id = if r.id.is_empty() {
-                crate::server::new_request_id()
-            } else {
-                r.id.clone()
-            };
+            let id = r.id.clone();
             let out2 = out.clone();
             let job = Job {
-                request: Request {
-                    id: id.clone(),
-                    ..r
-                },
+                request: r,
                 cancel: CancelToken::default(),
                 on_token: out.token_sink(&id),
                 on_done: Box::new(move |reply: Reply| {
@@ -385,15 +384,7 @@ fn run() -> Result<()> {
         let submit = submit_topic.clone();
         spawner.spawn_local(async move {
             while let Some(m) = prompts.next().await {
-                submit(request(
-                    &m.request_id,
-                    &m.prompt,
-                    &m.task,
-                    m.max_new_tokens,
-                    m.temperature,
-                    m.top_p,
-                    m.seed,
-                ));
+                submit(request_of!(m));
             }
         })?;
     }
@@ -421,20 +412,8 @@ fn run() -> Result<()> {
         spawner.spawn_local(async move {
             while let Some(req) = goal_requests.next().await {
                 let g = &req.goal;
-                let r = request(
-                    &g.request_id,
-                    &g.prompt,
-                    &g.task,
-                    g.max_new_tokens,
-                    g.temperature,
-                    g.top_p,
-                    g.seed,
-                );
-                let id = if r.id.is_empty() {
-                    crate::server::new_request_id()
-                } else {
-                    r.id.clone()
-                };
+                let r = request_of!(g);
+                let id = r.id.clone();
                 if !server.has_room() {
                     // An action goal response has no reason field: the reason
                     // goes to ~/response under the goal's request id.
@@ -512,7 +491,7 @@ fn run() -> Result<()> {
                     log::error!("watching goal {id} for cancel requests: {e}");
                 }
                 server.submit(Job {
-                    request: Request { id, ..r },
+                    request: r,
                     cancel,
                     on_token,
                     on_done,
