@@ -123,37 +123,45 @@ impl LoadPlan {
         );
         params.validate(layers)?;
         let base = ranking.task(&params.task)?;
+        Self::per_layer(layers, width, params, |l, n_load, n_static| {
+            let mut chosen = vec![false; width];
+            let mut loaded = Vec::with_capacity(n_load);
+            for &n in base.top(l, n_static) {
+                chosen[n as usize] = true;
+                loaded.push(n);
+            }
+            for &n in &ranking.model_wide.order[l] {
+                if loaded.len() == n_load {
+                    break;
+                }
+                if !chosen[n as usize] {
+                    chosen[n as usize] = true;
+                    loaded.push(n);
+                }
+            }
+            LayerPlan::sparse(loaded, n_static)
+        })
+    }
+
+    /// Builds each layer from validated `params`: dense layers whole, the
+    /// others by `sparse(layer, γ·N, δ·N)`.
+    fn per_layer(
+        layers: usize,
+        width: usize,
+        params: &SelectionParams,
+        mut sparse: impl FnMut(usize, usize, usize) -> LayerPlan,
+    ) -> Result<Self> {
         let (n_load, n_static) = (
             count(params.load_ratio, width),
             count(params.static_ratio, width),
         );
-        let plans = (0..layers)
-            .map(|l| {
-                if params.dense_layers.contains(&l) {
-                    return LayerPlan::dense(width);
-                }
-                let mut chosen = vec![false; width];
-                let mut loaded = Vec::with_capacity(n_load);
-                for &n in base.top(l, n_static) {
-                    chosen[n as usize] = true;
-                    loaded.push(n);
-                }
-                for &n in &ranking.model_wide.order[l] {
-                    if loaded.len() == n_load {
-                        break;
-                    }
-                    if !chosen[n as usize] {
-                        chosen[n as usize] = true;
-                        loaded.push(n);
-                    }
-                }
-                LayerPlan::sparse(loaded, n_static)
+        let layers = (0..layers)
+            .map(|l| match params.dense_layers.contains(&l) {
+                true => LayerPlan::dense(width),
+                false => sparse(l, n_load, n_static),
             })
             .collect();
-        Ok(Self {
-            layers: plans,
-            width,
-        })
+        Ok(Self { layers, width })
     }
 
     /// A plan of `load_ratio · N` neurons per sparse layer drawn at random
@@ -168,24 +176,11 @@ impl LoadPlan {
         use rand::seq::SliceRandom;
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let (n_load, n_static) = (
-            count(params.load_ratio, width),
-            count(params.static_ratio, width),
-        );
-        let plans = (0..layers)
-            .map(|l| {
-                if params.dense_layers.contains(&l) {
-                    return LayerPlan::dense(width);
-                }
-                let mut all: Vec<u32> = (0..width as u32).collect();
-                all.shuffle(&mut rng);
-                all.truncate(n_load);
-                LayerPlan::sparse(all, n_static)
-            })
-            .collect();
-        Ok(Self {
-            layers: plans,
-            width,
+        Self::per_layer(layers, width, params, |_, n_load, n_static| {
+            let mut all: Vec<u32> = (0..width as u32).collect();
+            all.shuffle(&mut rng);
+            all.truncate(n_load);
+            LayerPlan::sparse(all, n_static)
         })
     }
 

@@ -56,6 +56,8 @@ pub struct Method {
     pub mode: Mode,
     pub params: SelectionParams,
     pub plan: Option<LoadPlan>,
+    /// Tasks of the ranking file, when the mode read one.
+    pub ranking_tasks: Vec<String>,
 }
 
 impl Method {
@@ -70,6 +72,7 @@ impl Method {
     ) -> Result<Self> {
         let cfg = Config::from_file(&model_dir.join("config.json"))?;
         params.validate(cfg.num_hidden_layers)?;
+        let mut ranking_tasks = Vec::new();
         let plan = match mode {
             Mode::Dense | Mode::Coreinfer => None,
             Mode::LoadOnly | Mode::Selectinfer => {
@@ -78,6 +81,7 @@ impl Method {
                 let r = Ranking::load(path)?;
                 r.check_model(&cfg, &crate::model::weights_sha256(model_dir)?)
                     .with_context(|| format!("ranking file {}", path.display()))?;
+                ranking_tasks = r.task_names().into_iter().map(String::from).collect();
                 Some(LoadPlan::from_ranking(&r, &params)?)
             }
             Mode::RandomLoad => Some(LoadPlan::random(
@@ -87,7 +91,12 @@ impl Method {
                 seed,
             )?),
         };
-        Ok(Self { mode, params, plan })
+        Ok(Self {
+            mode,
+            params,
+            plan,
+            ranking_tasks,
+        })
     }
 
     /// Per-layer selection rules for prompts, `None` when the mode computes

@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -120,6 +120,39 @@ pub struct Stats {
     pub peak_rss_bytes: u64,
 }
 
+/// What runtime settings must respect, fixed at load.
+#[derive(Debug, Clone)]
+struct Limits {
+    max_context: usize,
+    num_layers: usize,
+    /// Whether the mode selects neurons per prompt (φ and α apply).
+    selects: bool,
+    load_params: SelectionParams,
+}
+
+impl Limits {
+    fn check(&self, s: &RuntimeSettings) -> Result<()> {
+        if s.max_new_tokens == 0 || s.max_new_tokens >= self.max_context {
+            bail!(
+                "max_new_tokens must be in [1, {}), got {}",
+                self.max_context,
+                s.max_new_tokens
+            );
+        }
+        s.sampling.validate()?;
+        let p = &self.load_params;
+        if self.selects {
+            let mut p = p.clone();
+            p.compute_ratio = s.compute_ratio;
+            p.token_ratio = s.token_ratio;
+            p.validate(self.num_layers)?;
+        } else if (s.compute_ratio, s.token_ratio) != (p.compute_ratio, p.token_ratio) {
+            bail!("this mode computes every loaded neuron: compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load");
+        }
+        Ok(())
+    }
+}
+
 /// How the server is configured at start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -138,7 +171,6 @@ struct Shared {
     settings: Mutex<(RuntimeSettings, u64)>,
     queue: Mutex<Queue>,
     wake: Condvar,
-    queued: AtomicUsize,
     busy: AtomicBool,
     completed: AtomicU64,
     failed: AtomicU64,
@@ -153,12 +185,10 @@ pub struct Server {
     shared: Arc<Shared>,
     worker: Mutex<Option<JoinHandle<()>>>,
     capacity: usize,
-    max_context: usize,
+    limits: Limits,
     task: String,
     tasks: Vec<String>,
     mode: Mode,
-    load_params: SelectionParams,
-    selects: bool,
     shutting_down: Arc<AtomicBool>,
 }
 
@@ -170,30 +200,21 @@ impl Server {
         }
         let spec = &config.engine;
         let mut engine = spec.load()?;
-        let tasks: Vec<String> = match spec.mode.needs_ranking() {
-            true => match spec.ranking_path() {
-                Some(p) => crate::ranking::Ranking::load(&p)?
-                    .task_names()
-                    .into_iter()
-                    .map(String::from)
-                    .collect(),
-                None => Vec::new(),
-            },
-            false => DEFAULT_TASKS.iter().map(|t| t.to_string()).collect(),
+        let tasks: Vec<String> = match engine.method.as_ref().map(|m| &m.ranking_tasks) {
+            Some(t) if !t.is_empty() => t.clone(),
+            _ => DEFAULT_TASKS.iter().map(|t| t.to_string()).collect(),
         };
-        let selects = engine.selection().is_some();
+        let limits = Limits {
+            max_context: engine.model.max_context(),
+            num_layers: engine.model.config().num_hidden_layers,
+            selects: engine.selection().is_some(),
+            load_params: spec.effective_params(),
+        };
         let defaults = config.defaults.clone();
-        if selects {
+        limits.check(&defaults)?;
+        if limits.selects {
             engine.set_selection(defaults.compute_ratio, defaults.token_ratio)?;
         }
-        let max_context = engine.model.max_context();
-        Self::check_settings_for(
-            &defaults,
-            max_context,
-            selects,
-            &spec.effective_params(),
-            engine.model.config().num_hidden_layers,
-        )?;
         let shared = Arc::new(Shared {
             settings: Mutex::new((defaults, 0)),
             queue: Mutex::new(Queue {
@@ -201,7 +222,6 @@ impl Server {
                 open: true,
             }),
             wake: Condvar::new(),
-            queued: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -221,12 +241,10 @@ impl Server {
             shared,
             worker: Mutex::new(Some(worker)),
             capacity: config.queue_depth,
-            max_context,
+            limits,
             task: spec.params.task.clone(),
             tasks,
             mode: spec.mode,
-            load_params: spec.effective_params(),
-            selects,
             shutting_down,
         })
     }
@@ -246,45 +264,11 @@ impl Server {
 
     /// Validates and applies new runtime settings (for the next request).
     pub fn update_settings(&self, new: RuntimeSettings) -> Result<()> {
-        Self::check_settings_for(
-            &new,
-            self.max_context,
-            self.selects,
-            &self.load_params,
-            usize::MAX,
-        )?;
+        self.limits.check(&new)?;
         let mut s = self.shared.settings.lock().unwrap();
         if s.0 != new {
             s.0 = new;
             s.1 += 1;
-        }
-        Ok(())
-    }
-
-    fn check_settings_for(
-        s: &RuntimeSettings,
-        max_context: usize,
-        selects: bool,
-        load_params: &SelectionParams,
-        num_layers: usize,
-    ) -> Result<()> {
-        if s.max_new_tokens == 0 || s.max_new_tokens >= max_context {
-            bail!(
-                "max_new_tokens must be in [1, {}), got {}",
-                max_context,
-                s.max_new_tokens
-            );
-        }
-        s.sampling.validate()?;
-        let mut p = load_params.clone();
-        p.compute_ratio = s.compute_ratio;
-        p.token_ratio = s.token_ratio;
-        if selects {
-            p.validate(num_layers)?;
-        } else if (s.compute_ratio, s.token_ratio)
-            != (load_params.compute_ratio, load_params.token_ratio)
-        {
-            bail!("this mode computes every loaded neuron: compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load");
         }
         Ok(())
     }
@@ -303,10 +287,10 @@ impl Server {
             );
         }
         if let Some(n) = r.max_new_tokens {
-            if n < 1 || n as u64 >= self.max_context as u64 {
+            if n < 1 || n as u64 >= self.limits.max_context as u64 {
                 bail!(
                     "max_new_tokens must be in [1, {}) (the context), got {n}",
-                    self.max_context
+                    self.limits.max_context
                 );
             }
         }
@@ -342,14 +326,9 @@ impl Server {
         }
         if q.jobs.len() >= self.capacity {
             drop(q);
-            let msg = format!(
-                "rejected: the queue is full ({} waiting, queue_depth {})",
-                self.capacity, self.capacity
-            );
-            return self.reject(job, &msg);
+            return self.reject(job, &self.queue_full_reason());
         }
         q.jobs.push_back(job);
-        self.shared.queued.store(q.jobs.len(), Ordering::SeqCst);
         drop(q);
         self.shared.wake.notify_one();
         true
@@ -363,7 +342,6 @@ impl Server {
             let (gone, kept): (Vec<Job>, Vec<Job>) =
                 q.jobs.drain(..).partition(|j| j.cancel.is_cancelled());
             q.jobs = kept.into();
-            self.shared.queued.store(q.jobs.len(), Ordering::SeqCst);
             gone
         };
         for job in removed {
@@ -380,6 +358,14 @@ impl Server {
         false
     }
 
+    /// Why a request is refused when the queue is full.
+    pub fn queue_full_reason(&self) -> String {
+        format!(
+            "rejected: the queue is full (queue_depth {})",
+            self.capacity
+        )
+    }
+
     /// Whether one more job would be queued now (for action goal acceptance).
     pub fn has_room(&self) -> bool {
         let q = self.shared.queue.lock().unwrap();
@@ -389,7 +375,7 @@ impl Server {
     pub fn stats(&self) -> Stats {
         let s = &self.shared;
         Stats {
-            queued: s.queued.load(Ordering::SeqCst),
+            queued: s.queue.lock().unwrap().jobs.len(),
             queue_capacity: self.capacity,
             busy: s.busy.load(Ordering::SeqCst),
             completed: s.completed.load(Ordering::Relaxed),
@@ -452,7 +438,6 @@ fn next_job(shared: &Shared) -> Option<Job> {
     let mut q = shared.queue.lock().unwrap();
     loop {
         if let Some(job) = q.jobs.pop_front() {
-            shared.queued.store(q.jobs.len(), Ordering::SeqCst);
             return Some(job);
         }
         if !q.open {

@@ -80,15 +80,15 @@ impl Outputs {
 }
 
 /// Finds abandoned action goals. r2r does not say which client sent a goal,
-/// so the rule is conservative: a goal is abandoned once every action client
-/// that was on the graph when it was accepted has left (their send_goal
-/// request writers are gone). It is then cancelled, which frees its slot.
+/// so the rule is conservative: a goal remembers the action clients on the
+/// graph at the first check after its acceptance (its sender among them, as
+/// its request was received), and is abandoned once all of those have left
+/// (their send_goal request writers are gone). It is then cancelled, which
+/// frees its slot.
 #[derive(Default)]
 struct GoalWatch {
-    /// Endpoint ids of the action clients on the graph now.
-    clients: HashSet<Gid>,
-    /// Running or queued goals: their cancel token and the clients present
-    /// when they were accepted (empty until the graph has been read).
+    /// Running or queued goals: their cancel token and the clients seen at
+    /// the first check (empty until then).
     goals: HashMap<String, (CancelToken, HashSet<Gid>)>,
 }
 
@@ -96,18 +96,17 @@ type Gid = Vec<u8>;
 
 impl GoalWatch {
     fn accept(&mut self, id: &str, cancel: CancelToken) {
-        self.goals
-            .insert(id.to_string(), (cancel, self.clients.clone()));
+        self.goals.insert(id.to_string(), (cancel, HashSet::new()));
     }
 
-    /// Updates the client set; returns the goals whose clients all left.
-    fn update(&mut self, present: HashSet<Gid>) -> Vec<(String, CancelToken)> {
-        self.clients = present;
+    /// Takes the clients on the graph now; returns the goals whose clients
+    /// all left.
+    fn update(&mut self, present: &HashSet<Gid>) -> Vec<(String, CancelToken)> {
         let mut gone = Vec::new();
         for (id, (cancel, seen)) in self.goals.iter_mut() {
             if seen.is_empty() {
-                seen.clone_from(&self.clients);
-            } else if seen.is_disjoint(&self.clients) && !cancel.is_cancelled() {
+                seen.clone_from(present);
+            } else if seen.is_disjoint(present) && !cancel.is_cancelled() {
                 gone.push((id.clone(), cancel.clone()));
             }
         }
@@ -115,35 +114,33 @@ impl GoalWatch {
     }
 }
 
+/// Any interface type carrying the response fields (the Response message,
+/// the service response, the action result), filled from a [`Reply`].
+macro_rules! reply_into {
+    ($ty:path, $r:expr $(, $field:ident: $value:expr)*) => {{
+        let r: &Reply = $r;
+        $ty {
+            success: r.success,
+            error: r.error.clone(),
+            request_id: r.request_id.clone(),
+            text: r.text.clone(),
+            prompt_tokens: r.prompt_tokens as u32,
+            generated_tokens: r.generated_tokens as u32,
+            ttft_s: r.ttft_s as f32,
+            tokens_per_s: r.tokens_per_s as f32,
+            compute_ratio: r.compute_ratio as f32,
+            stop_reason: r.stop_reason.clone(),
+            $($field: $value,)*
+        }
+    }};
+}
+
 fn response_msg(r: &Reply) -> si::Response {
-    si::Response {
-        success: r.success,
-        error: r.error.clone(),
-        request_id: r.request_id.clone(),
-        text: r.text.clone(),
-        prompt_tokens: r.prompt_tokens as u32,
-        generated_tokens: r.generated_tokens as u32,
-        ttft_s: r.ttft_s as f32,
-        tokens_per_s: r.tokens_per_s as f32,
-        compute_ratio: r.compute_ratio as f32,
-        stop_reason: r.stop_reason.clone(),
-    }
+    reply_into!(si::Response, r)
 }
 
 fn service_response(r: &Reply) -> Generate::Response {
-    let m = response_msg(r);
-    Generate::Response {
-        success: m.success,
-        error: m.error,
-        request_id: m.request_id,
-        text: m.text,
-        prompt_tokens: m.prompt_tokens,
-        generated_tokens: m.generated_tokens,
-        ttft_s: m.ttft_s,
-        tokens_per_s: m.tokens_per_s,
-        compute_ratio: m.compute_ratio,
-        stop_reason: m.stop_reason,
-    }
+    reply_into!(Generate::Response, r)
 }
 
 /// GoalStatus values of the action result's `status` field.
@@ -152,20 +149,7 @@ const STATUS_CANCELED: i8 = 5;
 const STATUS_ABORTED: i8 = 6;
 
 fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
-    let m = response_msg(r);
-    GenerateAction::Result {
-        success: m.success,
-        error: m.error,
-        request_id: m.request_id,
-        text: m.text,
-        prompt_tokens: m.prompt_tokens,
-        generated_tokens: m.generated_tokens,
-        ttft_s: m.ttft_s,
-        tokens_per_s: m.tokens_per_s,
-        compute_ratio: m.compute_ratio,
-        stop_reason: m.stop_reason,
-        status,
-    }
+    reply_into!(GenerateAction::Result, r, status: status)
 }
 
 /// A [`Request`] from any interface message with the request fields
@@ -417,10 +401,7 @@ fn run() -> Result<()> {
                 if !server.has_room() {
                     // An action goal response has no reason field: the reason
                     // goes to ~/response under the goal's request id.
-                    let why = format!(
-                        "rejected: the queue is full (queue_depth {})",
-                        server.stats().queue_capacity
-                    );
+                    let why = server.queue_full_reason();
                     log::info!("goal {id} {why}");
                     if let Err(e) = req.reject() {
                         log::error!("rejecting goal {id}: {e}");
@@ -532,17 +513,20 @@ fn run() -> Result<()> {
     while !stop.load(Ordering::SeqCst) {
         node.spin_once(Duration::from_millis(20));
         pool.run_until_stalled();
-        if graph_checked.elapsed() > Duration::from_millis(500) {
+        let watching = !watch.lock().unwrap().goals.is_empty();
+        if watching && graph_checked.elapsed() > Duration::from_millis(500) {
             graph_checked = Instant::now();
             match node.get_publishers_info_by_topic(&send_goal_topic, true) {
                 Ok(infos) => {
                     let present = infos.into_iter().map(|i| i.endpoint_gid.to_vec()).collect();
-                    let gone = watch.lock().unwrap().update(present);
-                    for (id, cancel) in gone {
+                    let gone = watch.lock().unwrap().update(&present);
+                    for (id, cancel) in &gone {
                         log::info!("goal {id}: its client left the graph; cancelling");
                         cancel.cancel();
                     }
-                    server.purge_cancelled();
+                    if !gone.is_empty() {
+                        server.purge_cancelled();
+                    }
                 }
                 Err(e) => log::debug!("reading the graph for {send_goal_topic}: {e}"),
             }
