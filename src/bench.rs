@@ -52,6 +52,9 @@ pub struct BenchReport {
     /// decode tok/s).
     pub compact_build_s: f64,
     pub peak_rss_bytes: u64,
+    /// GPU runs: device memory this process holds after the runs (weights,
+    /// caches, allocator pools), bytes; `None` on CPU.
+    pub device_memory_bytes: Option<u64>,
     pub weight_bytes_per_token: u64,
     /// Measured read bandwidth, GB/s, when asked for.
     pub bandwidth_gb_s: Option<f64>,
@@ -121,6 +124,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     if opts.engine == BenchEngine::CandleGguf && opts.method.is_some() {
         bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
     }
+    let device_memory_before = crate::device::memory_used_bytes(&load.device);
     let engine;
     let (codec, mut run_prompt, dtype): (TextCodec, RunFn, String) = match opts.engine {
         BenchEngine::Dense => {
@@ -176,6 +180,9 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     let decode_tps = (runs.len() * (opts.new_tokens - 1)) as f64 / decode_s;
     // Read the peak RSS before the bandwidth probe allocates its buffer.
     let peak_rss_bytes = sysinfo::peak_rss_bytes();
+    let device_memory_bytes = crate::device::memory_used_bytes(&load.device)
+        .zip(device_memory_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let bandwidth = opts
         .measure_bandwidth
         .then(|| sysinfo::measure_read_bandwidth(1 << 30, 5));
@@ -195,6 +202,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         ttft_s: ttft / n,
         compact_build_s: runs.iter().map(|r| r.compact_build_s).sum::<f64>() / n,
         peak_rss_bytes,
+        device_memory_bytes,
         weight_bytes_per_token: weight_bytes,
         bandwidth_gb_s: bandwidth,
         roofline_tokens_per_s: roofline,

@@ -36,6 +36,8 @@ const STAMP_FILE: &str = "prepared.json";
 pub enum WeightDtype {
     F32,
     F16,
+    /// bf16: CUDA devices of compute capability ≥ 8.0 only (never CPU compute).
+    Bf16,
 }
 
 impl WeightDtype {
@@ -43,12 +45,14 @@ impl WeightDtype {
         match self {
             Self::F32 => DType::F32,
             Self::F16 => DType::F16,
+            Self::Bf16 => DType::BF16,
         }
     }
     fn torch_name(self) -> &'static str {
         match self {
             Self::F32 => "float32",
             Self::F16 => "float16",
+            Self::Bf16 => "bfloat16",
         }
     }
 }

@@ -131,7 +131,7 @@ pub struct Engine {
 /// Per-layer compact MLPs of one prompt (`None`: the layer's own MLP).
 type CompactMlps = Vec<Option<Mlp>>;
 /// Per-layer rows chosen for a prompt (`None`: the layer computes all it holds).
-type Chosen = Vec<Option<Vec<usize>>>;
+pub type Chosen = Vec<Option<Vec<usize>>>;
 
 impl Engine {
     /// Loads a dense engine.
@@ -265,6 +265,38 @@ impl Engine {
         Ok(())
     }
 
+    /// Logits after the prompt and after each of the `forced` tokens fed in
+    /// turn (teacher forcing), through the same prefill, selection and
+    /// compact-weight path as generation; also the rows chosen per layer.
+    /// For comparing devices on identical inputs.
+    /// With `rows`, those rows are used instead of the engine's own choice
+    /// (to compare devices on the same selection).
+    pub fn forced_logits(
+        &self,
+        prompt: &[u32],
+        forced: &[u32],
+        rows: Option<&Chosen>,
+    ) -> Result<(Vec<Vec<f32>>, Option<Chosen>)> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        let mut cache = self.model.new_cache();
+        let (logits, chosen) = match rows {
+            Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
+            None => self.prefill(prompt, &mut cache)?,
+        };
+        let compact = chosen.as_ref().map(|c| self.compact(c)).transpose()?;
+        let mut out = vec![logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?];
+        for &t in forced {
+            let logits = match &compact {
+                Some(mlps) => self.model.forward_with_mlps(&[t], &mut cache, mlps)?,
+                None => self.model.forward(&[t], &mut cache)?,
+            };
+            out.push(logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?);
+        }
+        Ok((out, chosen))
+    }
+
     /// Chat-formats `prompt` and generates a reply.
     pub fn generate_chat(
         &self,
@@ -322,6 +354,8 @@ impl Engine {
             if let (Some(c), None) = (&chosen, &compact) {
                 let t = Instant::now();
                 compact = Some(self.compact(c)?);
+                // GPU work is queued: wait for it so the build is timed, not the next step.
+                self.model.device().synchronize()?;
                 compact_build_s = t.elapsed().as_secs_f64();
             }
             logits = match &compact {

@@ -12,7 +12,7 @@ use crate::model::{Config, Mlp};
 use crate::plan::{count, LoadPlan, SelectionParams};
 use crate::ranking::Ranking;
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor, D};
 use std::path::Path;
 
 /// How the engine treats the FFN.
@@ -147,6 +147,10 @@ fn positions_of(mlp: &Mlp, ids: &[u32]) -> Vec<usize> {
     pos
 }
 
+/// Widest layer whose selection runs on the GPU: candle's CUDA sort keeps a
+/// row (padded to a power of two) in shared memory, 32 KiB at 8192.
+const DEVICE_SORT_MAX: usize = 8192;
+
 /// Selection rule of one sparse layer.
 #[derive(Debug, Clone)]
 pub struct LayerSelector {
@@ -164,11 +168,18 @@ impl LayerSelector {
     /// a token's top `token_k` by |activation| (ties: larger Σ|a|, then
     /// lower row). Ascending.
     pub fn select(&self, a: &Tensor) -> Result<Vec<usize>> {
+        let (hits, mass) = if a.device().is_cpu() || a.dim(D::Minus1)? > DEVICE_SORT_MAX {
+            self.counts_on_host(a)?
+        } else {
+            self.counts_on_device(a)?
+        };
+        self.pick(&hits, &mass)
+    }
+
+    /// Per loaded row: in how many tokens' top `token_k` it is, and Σ|a|.
+    pub fn counts_on_host(&self, a: &Tensor) -> Result<(Vec<u32>, Vec<f64>)> {
         let rows = a.squeeze(0)?.abs()?.to_vec2::<f32>()?;
         let n = rows.first().map_or(0, Vec::len);
-        if self.static_positions.iter().any(|&p| p >= n) {
-            bail!("static neuron position out of range ({n} loaded)");
-        }
         let mut hits = vec![0u32; n];
         let mut mass = vec![0f64; n];
         let k = self.token_k.min(n);
@@ -183,6 +194,44 @@ impl LayerSelector {
             for (m, v) in mass.iter_mut().zip(row) {
                 *m += f64::from(*v);
             }
+        }
+        Ok((hits, mass))
+    }
+
+    /// [`Self::counts_on_host`] computed where `a` lives (the GPU), with
+    /// row-parallel ops only: a sort per token row gives its `token_k`-th
+    /// largest |a|, every entry at or above it counts as a hit, and the
+    /// hits and Σ|a| are column sums; only the two `[n]` vectors come back to
+    /// the host. (Sums in f32 rather than f64, so ties on hits may break
+    /// differently; an exact tie at the threshold counts both.)
+    pub fn counts_on_device(&self, a: &Tensor) -> Result<(Vec<u32>, Vec<f64>)> {
+        let abs = a.squeeze(0)?.abs()?.to_dtype(DType::F32)?.contiguous()?;
+        let n = abs.dim(1)?;
+        let k = self.token_k.min(n);
+        let mass = abs.sum(0)?;
+        let hits = if k == 0 {
+            Tensor::zeros(n, DType::F32, abs.device())?
+        } else {
+            let order = abs.arg_sort_last_dim(false)?;
+            let kth = order.narrow(1, k - 1, 1)?.contiguous()?;
+            let threshold = abs.gather(&kth, 1)?; // [seq, 1]
+            abs.broadcast_ge(&threshold)?.to_dtype(DType::F32)?.sum(0)?
+        };
+        Ok((
+            hits.to_vec1::<f32>()?
+                .into_iter()
+                .map(|h| h as u32)
+                .collect(),
+            mass.to_vec1::<f32>()?.into_iter().map(f64::from).collect(),
+        ))
+    }
+
+    /// The static rows plus the `dynamic_k` best non-static rows by
+    /// (hits, mass, lower row), ascending.
+    fn pick(&self, hits: &[u32], mass: &[f64]) -> Result<Vec<usize>> {
+        let n = hits.len();
+        if self.static_positions.iter().any(|&p| p >= n) {
+            bail!("static neuron position out of range ({n} loaded)");
         }
         let mut is_static = vec![false; n];
         self.static_positions

@@ -7,7 +7,7 @@ use crate::generate::Engine;
 use crate::model::LoadOptions;
 use crate::plan::SelectionParams;
 use crate::selective::{Method, Mode};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,8 @@ pub struct EngineSpec {
     /// `cpu` or `cuda:N`.
     pub device: String,
     pub mode: Mode,
-    /// Ranking file; `None`: `rankings/<model folder name>.ranking.safetensors`.
+    /// Ranking file; `None`: `<model>/ranking/neurons.ranking.safetensors` if present (synthetic models), else
+    /// `rankings/<model folder name>.ranking.safetensors`.
     pub ranking: Option<PathBuf>,
     /// γ, δ, φ, α, dense layers and the task whose base ranking is used.
     pub params: SelectionParams,
@@ -68,17 +69,33 @@ pub fn parse_device(name: &str) -> Result<Device> {
     if !candle_core::utils::cuda_is_available() {
         bail!("device {name}: this build has no CUDA support (build with --features cuda)");
     }
-    Device::new_cuda(ordinal).with_context(|| format!("device {name}: no usable CUDA device"))
+    Device::new_cuda(ordinal).map_err(|e| {
+        // candle attaches a backtrace to the message; the first line is the error.
+        let first = e.to_string().lines().next().unwrap_or_default().to_string();
+        let hint = if first.contains("STUB_LIBRARY") {
+            " (the CUDA driver here is the link-time stub: this machine has no GPU driver)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("device {name}: no usable CUDA device: {first}{hint}")
+    })
 }
 
 impl EngineSpec {
-    /// The ranking file this spec uses (explicit or the model's default).
+    /// The ranking file this spec uses: explicit, else one inside the model
+    /// folder (synthetic models carry theirs), else the model's default in
+    /// `rankings/`.
     pub fn ranking_path(&self) -> Option<PathBuf> {
-        self.ranking.clone().or_else(|| {
-            self.model.file_name().map(|n| {
-                Path::new("rankings").join(format!("{}.ranking.safetensors", n.to_string_lossy()))
+        let inside = self.model.join(crate::synth::RANKING_FILE);
+        self.ranking
+            .clone()
+            .or_else(|| inside.is_file().then_some(inside))
+            .or_else(|| {
+                self.model.file_name().map(|n| {
+                    Path::new("rankings")
+                        .join(format!("{}.ranking.safetensors", n.to_string_lossy()))
+                })
             })
-        })
     }
 
     /// The parameters the mode actually runs with: coreinfer loads every

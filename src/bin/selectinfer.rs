@@ -162,6 +162,40 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a model folder of a real config shape with seeded random weights
+    /// (speed/memory measurement and device parity only, never accuracy).
+    SynthModel {
+        /// config.json of the shape, e.g. config/shapes/llama-3.2-3b.json.
+        #[arg(long)]
+        shape: PathBuf,
+        /// Output folder (config.json, model.safetensors, tokenizer.json, ranking/).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Storage dtype of model.safetensors.
+        #[arg(long, value_enum, default_value = "f16")]
+        dtype: WeightDtype,
+    },
+    /// Compare logits on the CPU and on --device (prompt + teacher-forced
+    /// steps) for each mode; prints JSON.
+    DeviceCheck {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Modes to compare, comma-separated.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "dense,selectinfer"
+        )]
+        modes: Vec<Mode>,
+        #[arg(long, default_value = "Explain why robots need maps.")]
+        prompt: String,
+        /// Teacher-forced decode steps after the prompt.
+        #[arg(long, default_value_t = 8)]
+        steps: usize,
+    },
     /// Benchmark decode/prefill speed on fixed prompts.
     Bench {
         #[command(flatten)]
@@ -259,6 +293,36 @@ fn run(cli: Cli) -> Result<()> {
                     report.peak_rss_bytes as f64 / 1048576.0
                 );
             }
+        }
+        Command::SynthModel {
+            shape,
+            out,
+            seed,
+            dtype,
+        } => {
+            selectinfer::synth::write_model(&shape, &out, seed, dtype.dtype())?;
+            println!("{}", out.display());
+        }
+        Command::DeviceCheck {
+            model,
+            modes,
+            prompt,
+            steps,
+        } => {
+            if model.device.trim() == "cpu" {
+                anyhow::bail!(
+                    "device-check compares the CPU with another device: pass --device cuda:N"
+                );
+            }
+            let reports = modes
+                .iter()
+                .map(|&mode| {
+                    let mut spec = model.spec();
+                    spec.mode = mode;
+                    selectinfer::device::parity(&spec, &model.device, &prompt, steps)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            println!("{}", serde_json::to_string_pretty(&reports)?);
         }
         Command::Bench {
             model,

@@ -403,12 +403,7 @@ impl Model {
         }
         let cfg = Config::from_file(&dir.join("config.json"))?;
         let files = safetensors_files(dir)?;
-        if opts.device.is_cpu() && !matches!(opts.dtype, DType::F32 | DType::F16) {
-            bail!(
-                "dtype {:?} is not supported on CPU: use f32 or f16",
-                opts.dtype
-            );
-        }
+        crate::device::check_dtype(&opts.device, opts.dtype)?;
         // SAFETY: the files are not modified while mapped (we own the folder).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
             .with_context(|| format!("reading weights in {}", dir.display()))?;

@@ -50,7 +50,10 @@ pub const PARAMETERS: &[(&str, &str)] = &[
         "layers kept whole; negative counts from the end (load-time)",
     ),
     ("plan_seed", "seed of the random-load subset (load-time)"),
-    ("dtype", "f32 | f16 weights in memory (load-time)"),
+    (
+        "dtype",
+        "f32 | f16 | bf16 weights in memory (bf16: CUDA, compute capability >= 8.0; load-time)",
+    ),
     ("device", "cpu | cuda:N (load-time)"),
     (
         "max_new_tokens",
@@ -237,7 +240,7 @@ impl NodeParams {
             "dtype" => {
                 let s = string(name, v)?;
                 e.dtype = <WeightDtype as clap::ValueEnum>::from_str(&s, true).map_err(|_| {
-                    anyhow::anyhow!("parameter dtype must be f32 or f16, got `{s}`")
+                    anyhow::anyhow!("parameter dtype must be f32, f16 or bf16, got `{s}`")
                 })?;
             }
             "device" => e.device = string(name, v)?,

@@ -1,0 +1,166 @@
+//! Compute devices: which dtypes a device takes, how much device memory is in
+//! use, and the CPU-vs-device parity check run on a GPU machine
+//! (`selectinfer device-check`).
+//!
+//! The model code is device-generic (candle tensors); only the single-row
+//! CPU kernels in [`crate::kernels`] are CPU-specific, and callers fall back
+//! to candle ops elsewhere. CUDA support needs the `cuda` cargo feature.
+
+use crate::generate::Engine;
+use crate::spec::EngineSpec;
+use anyhow::{bail, Result};
+use candle_core::{DType, Device};
+use serde::Serialize;
+
+/// Refuses dtypes a device cannot compute in: CPU takes f32 and f16 (bf16
+/// compute on CPU is slow and never used), CUDA f32, f16 and — from compute
+/// capability 8.0 (Ampere, Orin, Hopper) — bf16.
+pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
+    match (device, dtype) {
+        (_, DType::F32 | DType::F16) => Ok(()),
+        (Device::Cpu, other) => bail!("dtype {other:?} is not supported on CPU: use f32 or f16"),
+        (Device::Cuda(_), DType::BF16) => {
+            let (major, minor) = compute_capability(device)?;
+            if major < 8 {
+                bail!("dtype bf16 needs a GPU of compute capability 8.0 or newer; this one is {major}.{minor}: use f16");
+            }
+            Ok(())
+        }
+        (_, other) => bail!("dtype {other:?} is not supported on {device:?}"),
+    }
+}
+
+/// (major, minor) compute capability of a CUDA device.
+#[cfg(feature = "cuda")]
+pub fn compute_capability(device: &Device) -> Result<(i32, i32)> {
+    let ctx = device.as_cuda_device()?.cuda_stream().context().clone();
+    Ok(ctx.compute_capability()?)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn compute_capability(_device: &Device) -> Result<(i32, i32)> {
+    bail!("this build has no CUDA support (build with --features cuda)")
+}
+
+/// Device memory in use on the whole GPU (all processes), bytes; `None` on
+/// CPU. Differences between two readings in one process are what this
+/// process allocated.
+#[cfg(feature = "cuda")]
+pub fn memory_used_bytes(device: &Device) -> Option<u64> {
+    let ctx = device
+        .as_cuda_device()
+        .ok()?
+        .cuda_stream()
+        .context()
+        .clone();
+    let (free, total) = ctx.mem_get_info().ok()?;
+    Some((total - free) as u64)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn memory_used_bytes(_device: &Device) -> Option<u64> {
+    None
+}
+
+/// One mode's CPU-vs-device comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeParity {
+    pub mode: String,
+    /// Largest |logit(cpu) − logit(device)| over the prompt and every forced step.
+    pub max_abs_diff: f32,
+    /// Steps (prompt + forced tokens) whose argmax agrees.
+    pub argmax_agree: usize,
+    pub steps: usize,
+    /// Mean Jaccard overlap of the rows chosen per sparse layer (selective
+    /// modes); 1.0 = the device chose exactly what the CPU chose.
+    pub selection_jaccard: Option<f64>,
+    /// Selective modes: the largest logit difference when the device decodes
+    /// with the CPU's chosen rows (compute parity without selection ties).
+    pub max_abs_diff_same_rows: Option<f32>,
+}
+
+/// Loads `spec` on the CPU and on `device`, runs one prompt plus `steps`
+/// teacher-forced tokens (the CPU's greedy continuation) on both, and
+/// compares the logits.
+pub fn parity(spec: &EngineSpec, device: &str, prompt: &str, steps: usize) -> Result<ModeParity> {
+    // Fail on a missing device before the CPU half does any work.
+    crate::spec::parse_device(device)?;
+    let cpu_spec = EngineSpec {
+        device: "cpu".into(),
+        ..spec.clone()
+    };
+    let dev_spec = EngineSpec {
+        device: device.into(),
+        ..spec.clone()
+    };
+    let cpu = cpu_spec.load()?;
+    let ids = cpu.codec.chat_prompt_ids(prompt)?;
+    let greedy = cpu.generate_ids(
+        &ids,
+        &crate::generate::GenerateOptions {
+            max_new_tokens: steps + 1,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        |_| true,
+    )?;
+    let forced = &greedy.token_ids[..steps.min(greedy.token_ids.len())];
+    let (cpu_logits, cpu_rows) = cpu.forced_logits(&ids, forced, None)?;
+    drop(cpu);
+    let dev: Engine = dev_spec.load()?;
+    let (dev_logits, dev_rows) = dev.forced_logits(&ids, forced, None)?;
+    let max_abs_diff_same_rows = match &cpu_rows {
+        Some(rows) => Some(max_abs_diff(
+            &cpu_logits,
+            &dev.forced_logits(&ids, forced, Some(rows))?.0,
+        )),
+        None => None,
+    };
+    let mut argmax_agree = 0;
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+    };
+    for (a, b) in cpu_logits.iter().zip(&dev_logits) {
+        argmax_agree += usize::from(argmax(a) == argmax(b));
+    }
+    let selection_jaccard = match (cpu_rows, dev_rows) {
+        (Some(c), Some(d)) => {
+            let overlaps: Vec<f64> = c
+                .iter()
+                .zip(&d)
+                .filter_map(|(a, b)| Some(jaccard(a.as_ref()?, b.as_ref()?)))
+                .collect();
+            (!overlaps.is_empty()).then(|| overlaps.iter().sum::<f64>() / overlaps.len() as f64)
+        }
+        _ => None,
+    };
+    Ok(ModeParity {
+        mode: spec.mode.name().to_string(),
+        max_abs_diff: max_abs_diff(&cpu_logits, &dev_logits),
+        max_abs_diff_same_rows,
+        argmax_agree,
+        steps: cpu_logits.len(),
+        selection_jaccard,
+    })
+}
+
+fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0f32, f32::max)
+}
+
+fn jaccard(a: &[usize], b: &[usize]) -> f64 {
+    let set: std::collections::HashSet<usize> = a.iter().copied().collect();
+    let inter = b.iter().filter(|x| set.contains(x)).count();
+    let union = a.len() + b.len() - inter;
+    if union == 0 {
+        1.0
+    } else {
+        inter as f64 / union as f64
+    }
+}
