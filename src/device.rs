@@ -18,7 +18,10 @@ use serde::Serialize;
 pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
     match (device, dtype) {
         (_, DType::F32 | DType::F16) => Ok(()),
-        (Device::Cpu, other) => bail!("dtype {other:?} is not supported on CPU: use f32 or f16"),
+        (Device::Cpu, other) => bail!(
+            "dtype {} is not supported on CPU: use f32 or f16",
+            other.as_str()
+        ),
         (Device::Cuda(_), DType::BF16) => {
             let (major, minor) = compute_capability(device)?;
             if major < 8 {
@@ -26,7 +29,7 @@ pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
             }
             Ok(())
         }
-        (_, other) => bail!("dtype {other:?} is not supported on {device:?}"),
+        (_, other) => bail!("dtype {} is not supported on {device:?}", other.as_str()),
     }
 }
 
