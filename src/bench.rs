@@ -11,9 +11,8 @@ use crate::model::LoadOptions;
 use crate::prepare::GGUF_FILE;
 use crate::sysinfo;
 use crate::text::TextCodec;
-use anyhow::{bail, Context, Result};
-use candle_core::quantized::gguf_file;
-use candle_core::{Device, Tensor};
+use anyhow::{bail, Result};
+use candle_core::Tensor;
 use candle_transformers::generation::LogitsProcessor;
 use serde::Serialize;
 use std::path::Path;
@@ -156,7 +155,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         BenchEngine::CandleGguf => {
             let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
             let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
-            let (mut q, bytes) = QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
+            let (mut q, bytes) = crate::gguf::QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
             let mut forward = move |ids: &[u32], pos: usize| q.forward(ids, pos);
             let run = Box::new(move |ids: &[u32], n: usize| timed_run(ids, n, bytes, &mut forward));
             (codec, run as RunFn, "gguf".to_string())
@@ -209,74 +208,4 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         roofline_percent: roofline.map(|r| 100.0 * decode_tps / r),
         prompt_token_ids: prompts,
     })
-}
-
-/// candle-transformers' quantized model for either family.
-enum QuantizedModel {
-    Llama(candle_transformers::models::quantized_llama::ModelWeights),
-    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
-}
-
-impl QuantizedModel {
-    /// Loads the GGUF; also returns the bytes of quantized weights read per token.
-    fn load(path: &Path) -> Result<(Self, u64)> {
-        let mut f =
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let content = gguf_file::Content::read(&mut f)
-            .with_context(|| format!("reading GGUF {}", path.display()))?;
-        let has_output = content.tensor_infos.contains_key("output.weight");
-        let bytes: u64 = content
-            .tensor_infos
-            .iter()
-            .filter(|(name, _)| !(has_output && name.as_str() == "token_embd.weight"))
-            .map(|(_, t)| {
-                (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
-            })
-            .sum();
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default();
-        let model = match arch.as_str() {
-            "llama" => Self::Llama(
-                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
-                    content,
-                    &mut f,
-                    &Device::Cpu,
-                )?,
-            ),
-            "qwen2" => Self::Qwen2(
-                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
-                    content,
-                    &mut f,
-                    &Device::Cpu,
-                )?,
-            ),
-            other => bail!(
-                "{}: unsupported GGUF architecture '{other}'",
-                path.display()
-            ),
-        };
-        Ok((model, bytes))
-    }
-
-    fn forward(&mut self, ids: &[u32], pos: usize) -> Result<Tensor> {
-        let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
-        let logits = match self {
-            Self::Llama(m) => {
-                if pos == 0 {
-                    m.clear_kv_cache();
-                }
-                m.forward(&x, pos)?
-            }
-            Self::Qwen2(m) => {
-                if pos == 0 {
-                    m.clear_kv_cache();
-                }
-                m.forward(&x, pos)?
-            }
-        };
-        Ok(logits.flatten_all()?)
-    }
 }

@@ -8,7 +8,7 @@
 //! interruption (examples already in the file are not generated again).
 
 use crate::data::{self, Example};
-use crate::generate::{Engine, GenerateOptions, Generation};
+use crate::generate::{GenerateOptions, Generation, Generator};
 use crate::metrics;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -130,8 +130,9 @@ pub fn score(task: &str, outputs: &[ExampleOutput]) -> Result<BTreeMap<String, f
     Ok(m)
 }
 
-/// Runs the evaluation (see the module docs).
-pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
+/// The examples of `opts.data`, their task and their rendered prompts
+/// (every prompt rendered first: a bad template fails before any generation).
+fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<String>)> {
     let examples = data::load_jsonl(&opts.data, opts.limit)?;
     let task = task_of(&examples, &opts.data)?;
     let template = match &opts.template {
@@ -142,11 +143,52 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
             })?
             .to_string(),
     };
-    // Render every prompt first: a bad template fails before any generation.
     let prompts = examples
         .iter()
         .map(|e| data::render_template(&template, e))
         .collect::<Result<Vec<_>>>()?;
+    Ok((examples, task, prompts))
+}
+
+/// One example's chat-formatted prompt as token ids, for running the same
+/// evaluation through another engine (llama.cpp: `scripts/compare.py`),
+/// whose outputs `eval` then scores from the outputs file.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptRecord {
+    pub id: String,
+    pub task: String,
+    pub prompt_token_ids: Vec<u32>,
+    pub references: Vec<String>,
+}
+
+/// The prompts `run` would generate from (same template, chat format and
+/// context check), without generating.
+pub fn prompts(
+    codec: &crate::text::TextCodec,
+    max_context: usize,
+    opts: &EvalOptions,
+) -> Result<Vec<PromptRecord>> {
+    let (examples, task, prompts) = load_task(opts)?;
+    let mut out = Vec::new();
+    for (ex, prompt) in examples.iter().zip(&prompts) {
+        let ids = codec
+            .chat_prompt_ids(prompt)
+            .with_context(|| format!("example {}", ex.id))?;
+        if ids.len() + opts.generate.max_new_tokens <= max_context {
+            out.push(PromptRecord {
+                id: ex.id.clone(),
+                task: task.clone(),
+                prompt_token_ids: ids,
+                references: ex.references.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Runs the evaluation (see the module docs).
+pub fn run(engine: &mut dyn Generator, opts: &EvalOptions) -> Result<EvalReport> {
+    let (examples, task, prompts) = load_task(opts)?;
     let mut done = read_outputs(&opts.outputs)?;
     if let Some(dir) = opts.outputs.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -166,16 +208,16 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
     let mut skipped = Vec::new();
     for (ex, prompt) in examples.iter().zip(&prompts) {
         let ids = engine
-            .codec
+            .codec()
             .chat_prompt_ids(prompt)
             .with_context(|| format!("example {}", ex.id))?;
         let tokens = ids.len();
-        if tokens + opts.generate.max_new_tokens > engine.model.max_context() {
+        if tokens + opts.generate.max_new_tokens > engine.max_context() {
             log::warn!(
                 "skipping example {}: {tokens} prompt tokens + {} new exceed the context of {}",
                 ex.id,
                 opts.generate.max_new_tokens,
-                engine.model.max_context()
+                engine.max_context()
             );
             skipped.push(ex.id.clone());
             bar.inc(1);
@@ -185,7 +227,7 @@ pub fn run(engine: &Engine, opts: &EvalOptions) -> Result<EvalReport> {
             Some(previous) => previous,
             None => {
                 let g = engine
-                    .generate_ids(&ids, &opts.generate, |_| true)
+                    .generate(&ids, &opts.generate)
                     .with_context(|| format!("example {}", ex.id))?;
                 let out = example_output(ex, &g);
                 writeln!(file, "{}", serde_json::to_string(&out)?)?;

@@ -149,6 +149,7 @@ impl Engine {
         let mut opts = opts.clone();
         if let Some(m) = &method {
             opts.plan = m.plan.clone();
+            opts.offload_ffn = m.mode == crate::selective::Mode::DiskOffload;
         }
         let model = Model::from_dir(dir, &opts)?;
         let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
@@ -234,6 +235,7 @@ impl Engine {
                     let per_neuron = b.mlp.weight_bytes() / b.mlp.width().max(1);
                     bytes = bytes - b.mlp.weight_bytes() + per_neuron * rows.len();
                 }
+                None if self.model.ffn_offloaded() => neurons += cfg.intermediate_size,
                 None => neurons += b.mlp.width(),
             }
         }
@@ -320,70 +322,180 @@ impl Engine {
             bail!("the prompt is empty");
         }
         self.validate(prompt.len(), opts)?;
-        let mut sampler = opts.sampling.processor();
-        let mut cache = self.model.new_cache();
-        let mut stream = TextStream::new(&self.codec);
-        let stop_ids = self.codec.stop_ids();
-        let start = Instant::now();
-        let (mut logits, chosen) = self.prefill(prompt, &mut cache)?;
-        // Built after the first token is out, so it does not delay it.
-        let mut compact: Option<CompactMlps> = None;
-        let mut compact_build_s = 0.0;
-        let mut generated = Vec::new();
-        let mut first_token_at = None;
-        let mut stop_reason = StopReason::Length;
-        while generated.len() < opts.max_new_tokens {
-            let next = sampler.sample(&logits)?;
-            if first_token_at.is_none() {
-                first_token_at = Some(start.elapsed().as_secs_f64());
-            }
-            if !opts.ignore_eos && stop_ids.contains(&next) {
-                stop_reason = StopReason::Eos;
-                break;
-            }
-            generated.push(next);
-            if let Some(piece) = stream.push(next)? {
-                if !on_text(&piece) {
-                    stop_reason = StopReason::Cancelled;
-                    break;
-                }
-            }
-            if generated.len() == opts.max_new_tokens {
-                break;
-            }
-            if let (Some(c), None) = (&chosen, &compact) {
-                let t = Instant::now();
-                compact = Some(self.compact(c)?);
-                // GPU work is queued: wait for it so the build is timed, not the next step.
-                self.model.device().synchronize()?;
-                compact_build_s = t.elapsed().as_secs_f64();
-            }
-            logits = match &compact {
-                Some(mlps) => self.model.forward_with_mlps(&[next], &mut cache, mlps)?,
-                None => self.model.forward(&[next], &mut cache)?,
-            };
+        let mut steps = EngineSteps {
+            engine: self,
+            cache: self.model.new_cache(),
+            chosen: None,
+            compact: None,
+        };
+        let out = decode_loop(&self.codec, prompt, opts, &mut steps, &mut on_text)?;
+        let (compute_ratio, decode_weight_bytes) = self.decode_cost(steps.chosen.as_ref());
+        Ok(out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes))
+    }
+}
+
+/// Anything `eval` runs prompts through: our engine in any mode, or the
+/// quantized GGUF baseline ([`crate::gguf::GgufEngine`]).
+pub trait Generator {
+    fn codec(&self) -> &TextCodec;
+    /// Longest prompt + generation served.
+    fn max_context(&self) -> usize;
+    fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation>;
+}
+
+impl Generator for Engine {
+    fn codec(&self) -> &TextCodec {
+        &self.codec
+    }
+    fn max_context(&self) -> usize {
+        self.model.max_context()
+    }
+    fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+        self.generate_ids(prompt, opts, |_| true)
+    }
+}
+
+/// The forward passes of one generation, as [`decode_loop`] drives them.
+pub trait Steps {
+    /// Runs the prompt; returns the logits of its last token.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor>;
+    /// One-time work after the first token is out (the compact weights);
+    /// returns the seconds it took.
+    fn after_first_token(&mut self) -> Result<f64> {
+        Ok(0.0)
+    }
+    /// Feeds one generated token; returns the next logits.
+    fn step(&mut self, token: u32) -> Result<Tensor>;
+}
+
+/// Our engine's steps: selection at prefill, compact weights after the first token.
+struct EngineSteps<'a> {
+    engine: &'a Engine,
+    cache: KvCache,
+    chosen: Option<Chosen>,
+    compact: Option<CompactMlps>,
+}
+
+impl Steps for EngineSteps<'_> {
+    fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor> {
+        let (logits, chosen) = self.engine.prefill(prompt, &mut self.cache)?;
+        self.chosen = chosen;
+        Ok(logits)
+    }
+
+    fn after_first_token(&mut self) -> Result<f64> {
+        let Some(c) = &self.chosen else {
+            return Ok(0.0);
+        };
+        let t = Instant::now();
+        self.compact = Some(self.engine.compact(c)?);
+        // GPU work is queued: wait for it so the build is timed, not the next step.
+        self.engine.model.device().synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn step(&mut self, token: u32) -> Result<Tensor> {
+        match &self.compact {
+            Some(mlps) => self
+                .engine
+                .model
+                .forward_with_mlps(&[token], &mut self.cache, mlps),
+            None => self.engine.model.forward(&[token], &mut self.cache),
         }
-        let total = start.elapsed().as_secs_f64();
-        let ttft = first_token_at.unwrap_or(total);
-        let decode_steps = generated.len().saturating_sub(1);
-        let (compute_ratio, decode_weight_bytes) = self.decode_cost(chosen.as_ref());
-        Ok(Generation {
-            text: stream.text()?,
-            prompt_tokens: prompt.len(),
-            generated_tokens: generated.len(),
-            ttft_s: ttft,
-            prefill_tokens_per_s: prompt.len() as f64 / ttft.max(1e-9),
+    }
+}
+
+/// What [`decode_loop`] measured.
+pub struct LoopOutput {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub ttft_s: f64,
+    pub total_s: f64,
+    pub compact_build_s: f64,
+    pub stop_reason: StopReason,
+}
+
+impl LoopOutput {
+    /// The statistics of a generation of `prompt_tokens` prompt tokens.
+    pub fn into_generation(
+        self,
+        prompt_tokens: usize,
+        compute_ratio: f64,
+        decode_weight_bytes: u64,
+    ) -> Generation {
+        let decode_steps = self.token_ids.len().saturating_sub(1);
+        Generation {
+            text: self.text,
+            prompt_tokens,
+            generated_tokens: self.token_ids.len(),
+            ttft_s: self.ttft_s,
+            prefill_tokens_per_s: prompt_tokens as f64 / self.ttft_s.max(1e-9),
             decode_tokens_per_s: if decode_steps > 0 {
-                decode_steps as f64 / (total - ttft - compact_build_s).max(1e-9)
+                decode_steps as f64 / (self.total_s - self.ttft_s - self.compact_build_s).max(1e-9)
             } else {
                 0.0
             },
-            stop_reason,
+            stop_reason: self.stop_reason,
             peak_rss_bytes: sysinfo::peak_rss_bytes(),
             compute_ratio,
             decode_weight_bytes,
-            compact_build_s,
-            token_ids: generated,
-        })
+            compact_build_s: self.compact_build_s,
+            token_ids: self.token_ids,
+        }
     }
+}
+
+/// Sampling, stop tokens, streaming and timing around any model's `steps`:
+/// prefill, sample, then step token by token until a stop token,
+/// `max_new_tokens` or `on_text` returning false.
+pub fn decode_loop(
+    codec: &TextCodec,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    steps: &mut dyn Steps,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<LoopOutput> {
+    let mut sampler = opts.sampling.processor();
+    let mut stream = TextStream::new(codec);
+    let stop_ids = codec.stop_ids();
+    let start = Instant::now();
+    let mut logits = steps.prefill(prompt)?;
+    let mut compact_build_s = 0.0;
+    let mut generated = Vec::new();
+    let mut first_token_at = None;
+    let mut stop_reason = StopReason::Length;
+    while generated.len() < opts.max_new_tokens {
+        let next = sampler.sample(&logits)?;
+        if first_token_at.is_none() {
+            first_token_at = Some(start.elapsed().as_secs_f64());
+        }
+        if !opts.ignore_eos && stop_ids.contains(&next) {
+            stop_reason = StopReason::Eos;
+            break;
+        }
+        generated.push(next);
+        if let Some(piece) = stream.push(next)? {
+            if !on_text(&piece) {
+                stop_reason = StopReason::Cancelled;
+                break;
+            }
+        }
+        if generated.len() == opts.max_new_tokens {
+            break;
+        }
+        if generated.len() == 1 {
+            // Done after the first token is out, so it does not delay it.
+            compact_build_s = steps.after_first_token()?;
+        }
+        logits = steps.step(next)?;
+    }
+    let total_s = start.elapsed().as_secs_f64();
+    Ok(LoopOutput {
+        text: stream.text()?,
+        token_ids: generated,
+        ttft_s: first_token_at.unwrap_or(total_s),
+        total_s,
+        compact_build_s,
+        stop_reason,
+    })
 }

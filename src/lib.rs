@@ -14,6 +14,7 @@ pub mod data;
 pub mod device;
 pub mod eval;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

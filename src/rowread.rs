@@ -23,6 +23,7 @@ pub struct TensorEntry {
 }
 
 /// An open safetensors file with its tensor index.
+#[derive(Debug)]
 pub struct RowReader {
     path: PathBuf,
     file: File,
@@ -175,6 +176,7 @@ impl RowReader {
 }
 
 /// The row readers of all safetensors files of a checkpoint.
+#[derive(Debug)]
 pub struct RowSource {
     readers: Vec<RowReader>,
 }
@@ -187,6 +189,18 @@ impl RowSource {
                 .map(|f| RowReader::open(f))
                 .collect::<Result<_>>()?,
         })
+    }
+
+    /// Drops the page cache of every file (`posix_fadvise(DONTNEED)`), so
+    /// the next read goes to the disk again (the disk-offload baseline).
+    pub fn drop_cached(&self) {
+        use std::os::fd::AsRawFd;
+        for r in &self.readers {
+            // SAFETY: a valid open descriptor; the call only advises the kernel.
+            unsafe {
+                libc::posix_fadvise(r.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+            }
+        }
     }
 
     /// The reader of the file holding `name`.

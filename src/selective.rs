@@ -31,6 +31,9 @@ pub enum Mode {
     Coreinfer,
     /// A random γ subset loaded, then as selectinfer.
     RandomLoad,
+    /// The disk-offloading baseline: every neuron computed, FFN weights read
+    /// from disk (page cache dropped) at every forward pass, none kept.
+    DiskOffload,
 }
 
 impl Mode {
@@ -42,6 +45,7 @@ impl Mode {
             Self::Selectinfer => "selectinfer",
             Self::Coreinfer => "coreinfer",
             Self::RandomLoad => "random-load",
+            Self::DiskOffload => "disk-offload",
         }
     }
 
@@ -74,7 +78,7 @@ impl Method {
         params.validate(cfg.num_hidden_layers)?;
         let mut ranking_tasks = Vec::new();
         let plan = match mode {
-            Mode::Dense | Mode::Coreinfer => None,
+            Mode::Dense | Mode::Coreinfer | Mode::DiskOffload => None,
             Mode::LoadOnly | Mode::Selectinfer => {
                 let path = ranking
                     .with_context(|| format!("mode {mode:?} needs a ranking file (--ranking)"))?;

@@ -119,3 +119,80 @@ fn bad_eval_input_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn gguf_engine_and_prompt_export_feed_the_same_scoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let qa = data("qa_squad11.dev.jsonl");
+    // The quantized GGUF baseline through the same template, loop and metrics.
+    let out = dir.path().join("gguf.jsonl");
+    let r = report(&eval(&[
+        "--engine",
+        "candle-gguf",
+        "--data",
+        &qa,
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    assert_eq!(r["examples"], 2);
+    assert!(r["metrics"]["f1"].is_number());
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().lines().count(),
+        2,
+        "one output line per example"
+    );
+    // --prompts-only: the prompts as token ids, the same examples, no generation.
+    let prompts = dir.path().join("prompts.jsonl");
+    let p = eval(&[
+        "--data",
+        &qa,
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        prompts.to_str().unwrap(),
+        "--prompts-only",
+    ]);
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&prompts)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let gguf_ids: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(records.len(), 2);
+    for (rec, id) in records.iter().zip(&gguf_ids) {
+        assert_eq!(rec["id"].as_str().unwrap(), id);
+        assert_eq!(rec["task"], "qa");
+        assert!(rec["prompt_token_ids"].as_array().unwrap().len() > 20);
+    }
+    // A mode with the GGUF engine is refused by name.
+    let bad = eval(&[
+        "--engine",
+        "candle-gguf",
+        "--mode",
+        "selectinfer",
+        "--data",
+        &qa,
+        "--limit",
+        "1",
+        "--out",
+        dir.path().join("x.jsonl").to_str().unwrap(),
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("takes no --mode"));
+}

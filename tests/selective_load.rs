@@ -166,4 +166,22 @@ mod compute {
         );
         assert!(!g.text.is_empty());
     }
+
+    #[test]
+    fn disk_offload_reproduces_dense_and_keeps_no_ffn_in_memory() {
+        let dense = Engine::load(
+            &common::model_dir("smollm2-135m-instruct"),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let offload = engine(Mode::DiskOffload, 0.7, 0.4);
+        let (a, b) = (run(&dense), run(&offload));
+        assert_eq!(a.token_ids, b.token_ids, "same weights, same tokens");
+        assert_eq!(b.compute_ratio, 1.0);
+        assert_eq!(a.decode_weight_bytes, b.decode_weight_bytes);
+        assert!(offload.model.ffn_offloaded());
+        for block in &offload.model.blocks {
+            assert_eq!(block.mlp.width(), 0, "no FFN neuron held in memory");
+        }
+    }
 }

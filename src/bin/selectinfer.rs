@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use selectinfer::bench::{self, BenchEngine, BenchOptions};
 use selectinfer::convert::WeightDtype;
 use selectinfer::eval;
-use selectinfer::generate::{Engine, GenerateOptions, Sampling};
+use selectinfer::generate::{Engine, GenerateOptions, Generator, Sampling};
 use selectinfer::model::LoadOptions;
 use selectinfer::plan::SelectionParams;
 use selectinfer::prepare;
@@ -159,6 +159,13 @@ enum Command {
         /// Per-example outputs (JSONL; an existing file is resumed).
         #[arg(long)]
         out: PathBuf,
+        /// dense: our engine (any --mode); candle-gguf: candle's quantized model on model.gguf.
+        #[arg(long, value_enum, default_value = "dense")]
+        engine: BenchEngine,
+        /// Only write the chat-formatted prompts as token ids (JSONL) to --out
+        /// and stop: for running another engine on exactly these prompts.
+        #[arg(long)]
+        prompts_only: bool,
         #[arg(long)]
         json: bool,
     },
@@ -260,9 +267,19 @@ fn run(cli: Cli) -> Result<()> {
             limit,
             max_new_tokens,
             out,
+            engine: kind,
+            prompts_only,
             json,
         } => {
-            let engine = model.load()?;
+            if kind == BenchEngine::CandleGguf && model.method.mode != Mode::Dense {
+                anyhow::bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
+            }
+            let mut engine: Box<dyn Generator> = match kind {
+                BenchEngine::Dense => Box::new(model.load()?),
+                BenchEngine::CandleGguf => {
+                    Box::new(selectinfer::gguf::GgufEngine::load(&model.model)?)
+                }
+            };
             let opts = eval::EvalOptions {
                 data,
                 template,
@@ -271,9 +288,21 @@ fn run(cli: Cli) -> Result<()> {
                     max_new_tokens,
                     ..Default::default()
                 },
-                outputs: out,
+                outputs: out.clone(),
             };
-            let report = eval::run(&engine, &opts)?;
+            if prompts_only {
+                let records = eval::prompts(engine.codec(), engine.max_context(), &opts)?;
+                let mut text = String::new();
+                for r in &records {
+                    text.push_str(&serde_json::to_string(r)?);
+                    text.push('\n');
+                }
+                std::fs::write(&out, text)
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+                println!("{} prompts written to {}", records.len(), out.display());
+                return Ok(());
+            }
+            let report = eval::run(engine.as_mut(), &opts)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

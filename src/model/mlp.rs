@@ -51,6 +51,15 @@ impl Mlp {
         })
     }
 
+    /// An MLP holding no neuron (the placeholder of a layer whose FFN is
+    /// streamed from disk at every forward pass).
+    pub fn empty(hidden: usize, dtype: DType, device: &candle_core::Device) -> Result<Self> {
+        let none = Tensor::zeros((0, hidden), dtype, device)?;
+        let mut mlp = Self::from_neuron_rows(&none, &none, &none)?;
+        mlp.neurons = Some(Vec::new());
+        Ok(mlp)
+    }
+
     /// Loads only `neurons` (original indices) of layer `prefix` (e.g.
     /// `model.layers.3.mlp`) with `pread`: gate/up rows and down_proj
     /// columns; nothing else of the MLP is read into memory. Neurons are

@@ -367,6 +367,9 @@ pub struct LoadOptions {
     /// Selective loading: which FFN neurons of each layer to read. `None`
     /// loads every neuron.
     pub plan: Option<crate::plan::LoadPlan>,
+    /// The disk-offload baseline: FFN weights are not kept in memory but
+    /// read from the checkpoint (page cache dropped) at every forward pass.
+    pub offload_ffn: bool,
 }
 
 impl Default for LoadOptions {
@@ -376,6 +379,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             max_context: None,
             plan: None,
+            offload_ffn: false,
         }
     }
 }
@@ -390,6 +394,9 @@ pub struct Model {
     rope: Rope,
     max_context: usize,
     device: Device,
+    /// Disk offload: where each forward pass reads the FFN weights from.
+    offload: Option<std::sync::Arc<crate::rowread::RowSource>>,
+    dtype: DType,
 }
 
 impl Model {
@@ -411,9 +418,13 @@ impl Model {
         // layer, rather than through the mmap: the mmap's pages would count
         // in RSS next to our copies (peak ≈ 2× the weights while loading).
         let source = crate::rowread::RowSource::open(&files)?;
-        let source = Some(&source);
-        Self::load(vb, &cfg, opts, source)
-            .with_context(|| format!("loading model from {}", dir.display()))
+        let mut model = Self::load(vb, &cfg, opts, Some(&source))
+            .with_context(|| format!("loading model from {}", dir.display()))?;
+        if opts.offload_ffn {
+            source.drop_cached();
+            model.offload = Some(std::sync::Arc::new(source));
+        }
+        Ok(model)
     }
 
     /// Loads from `vb`; with `opts.plan`, sparse layers' MLPs are read from
@@ -449,6 +460,12 @@ impl Model {
             .map(|i| {
                 let prefix = format!("model.layers.{i}.mlp");
                 let mlp = match (&opts.plan, rows) {
+                    _ if opts.offload_ffn => {
+                        if opts.plan.is_some() {
+                            bail!("disk offload streams every neuron: it takes no load plan");
+                        }
+                        Some(Mlp::empty(cfg.hidden_size, opts.dtype, &opts.device)?)
+                    }
                     (Some(plan), Some(rows)) if !plan.layers[i].dense => Some(Mlp::load_neurons(
                         rows,
                         &prefix,
@@ -492,6 +509,8 @@ impl Model {
             rope: Rope::new(cfg, max_context, &opts.device)?,
             max_context,
             device: opts.device.clone(),
+            offload: None,
+            dtype: opts.dtype,
         })
     }
 
@@ -524,7 +543,19 @@ impl Model {
             .iter()
             .map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes())
             .sum();
-        blocks + self.lm_head.weight_bytes()
+        let streamed = if self.offload.is_some() {
+            self.cfg.num_hidden_layers
+                * self.cfg.ffn_params_per_layer()
+                * self.dtype.size_in_bytes()
+        } else {
+            0
+        };
+        blocks + streamed + self.lm_head.weight_bytes()
+    }
+
+    /// Whether the FFN weights are streamed from disk (disk offload).
+    pub fn ffn_offloaded(&self) -> bool {
+        self.offload.is_some()
     }
 
     /// Runs `tokens` at positions `cache.len()..` and returns the logits of
@@ -595,7 +626,22 @@ impl Model {
             .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
-            let mlp = mlps.and_then(|m| m[i].as_ref());
+            let streamed = match &self.offload {
+                Some(source) => {
+                    let mlp = Mlp::load_all(
+                        source,
+                        &format!("model.layers.{i}.mlp"),
+                        self.cfg.intermediate_size,
+                        self.cfg.hidden_size,
+                        self.dtype,
+                        &self.device,
+                    )?;
+                    source.drop_cached();
+                    Some(mlp)
+                }
+                None => None,
+            };
+            let mlp = streamed.as_ref().or(mlps.and_then(|m| m[i].as_ref()));
             x = match observe.as_deref_mut() {
                 Some(obs) => block.forward(
                     &x,
