@@ -14,7 +14,7 @@ it applies; every run is its own process, one after another):
   dense f32, dense f16            our engine, all neurons
   candle GGUF                     candle-transformers' quantized model on the
                                   model's GGUF (the 4-bit baseline)
-  selectinfer                     γ=0.7, δ=0.2, φ=0.4, α=0.2, first/last layer dense
+  selectinfer (f32, f16)          γ=0.7, δ=0.2, φ=0.4, α=0.2, first/last layer dense
   coreinfer                       full load, φ=0.4 chosen per prompt
   random-load                     random γ=0.7 subset, then as selectinfer
   disk offload                    all neurons, FFN weights re-read from disk at
@@ -49,6 +49,7 @@ def baselines(layers):
         ("dense f16", ["--dtype", "f16"]),
         ("candle GGUF", ["--engine", "candle-gguf"]),
         ("selectinfer", ["--mode", "selectinfer", *SELECT, *dense_layers]),
+        ("selectinfer f16", ["--dtype", "f16", "--mode", "selectinfer", *SELECT, *dense_layers]),
         ("coreinfer", ["--mode", "coreinfer", *SELECT, *dense_layers]),
         ("random-load", ["--mode", "random-load", *SELECT, *dense_layers]),
         ("disk offload", ["--mode", "disk-offload"]),
@@ -147,6 +148,8 @@ def main():
         "model": args.model, "limit_per_task": args.limit,
         "max_new_tokens": args.max_new_tokens, "threads": args.threads,
         "command": " ".join(sys.argv),
+        # With --only, the other baselines' figures come from the previous run.
+        "reused_from_previous_run": sorted(previous.keys() - (only or set())),
     }
     with open(results_path, "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
@@ -180,8 +183,9 @@ def main():
     ax.set_yscale("log")
     ax.set_xlabel("peak RSS (MiB)  — lower is better")
     ax.set_ylabel("decode tokens/s (log)  — higher is better")
-    ax.set_title(f"Memory / speed / accuracy: {os.path.basename(args.model)}, "
-                 f"{args.limit} examples per task, {args.max_new_tokens} new tokens")
+    ax.set_title(f"Memory / speed / accuracy: {os.path.basename(args.model)}\n"
+                 f"{args.limit} examples per task, {args.max_new_tokens} new tokens, "
+                 f"{args.threads} threads", fontsize=10)
     fig.colorbar(sc, ax=ax, label="accuracy vs dense f32 (%, mean of BLEU, ROUGE-L, QA F1)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
