@@ -8,7 +8,6 @@
 
 use crate::generate::{Engine, GenerateOptions};
 use crate::model::LoadOptions;
-use crate::prepare::GGUF_FILE;
 use crate::sysinfo;
 use crate::text::TextCodec;
 use anyhow::{bail, Result};
@@ -153,9 +152,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
             (codec, run, dtype)
         }
         BenchEngine::CandleGguf => {
-            let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
-            let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
-            let (mut q, bytes) = crate::gguf::QuantizedModel::load(&model_dir.join(GGUF_FILE))?;
+            let (mut q, codec, bytes) = crate::gguf::GgufEngine::load(model_dir)?.into_parts();
             let mut forward = move |ids: &[u32], pos: usize| q.forward(ids, pos);
             let run = Box::new(move |ids: &[u32], n: usize| timed_run(ids, n, bytes, &mut forward));
             (codec, run as RunFn, "gguf".to_string())

@@ -134,7 +134,7 @@ pub fn parity(spec: &EngineSpec, device: &str, prompt: &str, steps: usize) -> Re
             let overlaps: Vec<f64> = c
                 .iter()
                 .zip(&d)
-                .filter_map(|(a, b)| Some(jaccard(a.as_ref()?, b.as_ref()?)))
+                .filter_map(|(a, b)| Some(crate::profile::jaccard(a.as_ref()?, b.as_ref()?)))
                 .collect();
             (!overlaps.is_empty()).then(|| overlaps.iter().sum::<f64>() / overlaps.len() as f64)
         }
@@ -155,15 +155,4 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .zip(b)
         .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
         .fold(0f32, f32::max)
-}
-
-fn jaccard(a: &[usize], b: &[usize]) -> f64 {
-    let set: std::collections::HashSet<usize> = a.iter().copied().collect();
-    let inter = b.iter().filter(|x| set.contains(x)).count();
-    let union = a.len() + b.len() - inter;
-    if union == 0 {
-        1.0
-    } else {
-        inter as f64 / union as f64
-    }
 }

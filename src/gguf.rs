@@ -90,6 +90,12 @@ pub struct GgufEngine {
 }
 
 impl GgufEngine {
+    /// The model, its text codec and the weight bytes read per token (for
+    /// `bench`, which times a fixed token count with its own loop).
+    pub fn into_parts(self) -> (QuantizedModel, TextCodec, u64) {
+        (self.model, self.codec, self.weight_bytes)
+    }
+
     /// Loads `model.gguf` of a prepared folder.
     pub fn load(model_dir: &Path) -> Result<Self> {
         let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;

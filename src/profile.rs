@@ -378,8 +378,8 @@ fn build_ranking(
 }
 
 /// |A ∩ B| / |A ∪ B| of two neuron sets.
-pub fn jaccard(a: &[u32], b: &[u32]) -> f64 {
-    let set: std::collections::HashSet<u32> = a.iter().copied().collect();
+pub fn jaccard<T: Copy + Eq + std::hash::Hash>(a: &[T], b: &[T]) -> f64 {
+    let set: std::collections::HashSet<T> = a.iter().copied().collect();
     let inter = b.iter().filter(|x| set.contains(x)).count();
     let union = a.len() + b.len() - inter;
     if union == 0 {
