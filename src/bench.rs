@@ -50,6 +50,10 @@ pub struct BenchReport {
     /// decode tok/s).
     pub compact_build_s: f64,
     pub peak_rss_bytes: u64,
+    /// RSS after the runs, engine still loaded (the steady state a node
+    /// serving prompts holds, including a selective mode's per-prompt
+    /// decode weights; peak RSS also counts load-time transients).
+    pub rss_after_bytes: u64,
     /// GPU runs: device memory this process holds after the runs (weights,
     /// caches, allocator pools), bytes; `None` on CPU.
     pub device_memory_bytes: Option<u64>,
@@ -123,14 +127,14 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
     }
     let device_memory_before = crate::device::memory_used_bytes(&load.device);
-    let engine;
+    let mut engine;
     let (codec, mut run_prompt, dtype): (TextCodec, RunFn, String) = match opts.engine {
         BenchEngine::Dense => {
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
             // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
             let codec = engine.codec.clone();
             let dtype = format!("{:?}", engine.model.dtype()).to_lowercase();
-            let engine = &engine;
+            let engine = &mut engine;
             let run = Box::new(move |ids: &[u32], n: usize| -> Result<Run> {
                 let g = engine.generate_ids(
                     ids,
@@ -176,6 +180,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     let decode_tps = (runs.len() * (opts.new_tokens - 1)) as f64 / decode_s;
     // Read the peak RSS before the bandwidth probe allocates its buffer.
     let peak_rss_bytes = sysinfo::peak_rss_bytes();
+    let rss_after_bytes = sysinfo::rss_bytes();
     let device_memory_bytes = crate::device::memory_used_bytes(&load.device)
         .zip(device_memory_before)
         .map(|(after, before)| after.saturating_sub(before));
@@ -198,6 +203,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         ttft_s: ttft / n,
         compact_build_s: runs.iter().map(|r| r.compact_build_s).sum::<f64>() / n,
         peak_rss_bytes,
+        rss_after_bytes,
         device_memory_bytes,
         weight_bytes_per_token: weight_bytes,
         bandwidth_gb_s: bandwidth,

@@ -96,7 +96,7 @@ pub fn parity(spec: &EngineSpec, device: &str, prompt: &str, steps: usize) -> Re
         device: device.into(),
         ..spec.clone()
     };
-    let cpu = cpu_spec.load()?;
+    let mut cpu = cpu_spec.load()?;
     let ids = cpu.codec.chat_prompt_ids(prompt)?;
     let greedy = cpu.generate_ids(
         &ids,
@@ -110,7 +110,7 @@ pub fn parity(spec: &EngineSpec, device: &str, prompt: &str, steps: usize) -> Re
     let forced = &greedy.token_ids[..steps.min(greedy.token_ids.len())];
     let (cpu_logits, cpu_rows) = cpu.forced_logits(&ids, forced, None)?;
     drop(cpu);
-    let dev: Engine = dev_spec.load()?;
+    let mut dev: Engine = dev_spec.load()?;
     let (dev_logits, dev_rows) = dev.forced_logits(&ids, forced, None)?;
     let max_abs_diff_same_rows = match &cpu_rows {
         Some(rows) => Some(max_abs_diff(

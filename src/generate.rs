@@ -5,7 +5,7 @@ use crate::model::{KvCache, LoadOptions, Mlp, Model};
 use crate::selective::{LayerSelector, Method};
 use crate::sysinfo;
 use crate::text::{TextCodec, TextStream};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
 use serde::Serialize;
@@ -128,8 +128,9 @@ pub struct Engine {
     selectors: Option<Vec<Option<LayerSelector>>>,
 }
 
-/// Per-layer compact MLPs of one prompt (`None`: the layer's own MLP).
-type CompactMlps = Vec<Option<Mlp>>;
+/// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
+/// (`None`: the layer's own MLP).
+type DecodeMlps = Vec<Option<Mlp>>;
 /// Per-layer rows chosen for a prompt (`None`: the layer computes all it holds).
 pub type Chosen = Vec<Option<Vec<usize>>>;
 
@@ -202,9 +203,10 @@ impl Engine {
             return Ok((self.model.forward(prompt, cache)?, None));
         };
         let mut chosen: Chosen = vec![None; selectors.len()];
+        let blocks = &self.model.blocks;
         let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
             if let Some(sel) = &selectors[layer] {
-                chosen[layer] = Some(sel.select(a)?);
+                chosen[layer] = Some(sel.select(&blocks[layer].mlp.to_canonical(a)?)?);
             }
             Ok(())
         };
@@ -212,12 +214,30 @@ impl Engine {
         Ok((logits, Some(chosen)))
     }
 
-    /// Compact contiguous MLPs of the chosen rows, built once per prompt.
-    fn compact(&self, chosen: &Chosen) -> Result<CompactMlps> {
+    /// Contiguous weights of the chosen rows, built once per prompt: each
+    /// layer's held rows are rearranged with the chosen ones in front (the
+    /// old storage is freed layer by layer, so no second copy of the chosen
+    /// neurons stays in memory), and decode runs on views of the fronts.
+    fn arrange(&mut self, chosen: &Chosen) -> Result<DecodeMlps> {
+        if chosen.len() != self.model.blocks.len() {
+            bail!(
+                "{} layers of chosen rows for a model of {} layers",
+                chosen.len(),
+                self.model.blocks.len()
+            );
+        }
         chosen
             .iter()
-            .zip(&self.model.blocks)
-            .map(|(c, b)| c.as_ref().map(|pos| b.mlp.select(pos)).transpose())
+            .zip(self.model.blocks.iter_mut())
+            .enumerate()
+            .map(|(layer, (c, b))| {
+                let Some(rows) = c else { return Ok(None) };
+                b.mlp = b
+                    .mlp
+                    .arrange(rows)
+                    .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
+                Ok(Some(b.mlp.front()?))
+            })
             .collect()
     }
 
@@ -274,7 +294,7 @@ impl Engine {
     /// With `rows`, those rows are used instead of the engine's own choice
     /// (to compare devices on the same selection).
     pub fn forced_logits(
-        &self,
+        &mut self,
         prompt: &[u32],
         forced: &[u32],
         rows: Option<&Chosen>,
@@ -287,7 +307,7 @@ impl Engine {
             Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
             None => self.prefill(prompt, &mut cache)?,
         };
-        let compact = chosen.as_ref().map(|c| self.compact(c)).transpose()?;
+        let compact = chosen.as_ref().map(|c| self.arrange(c)).transpose()?;
         let mut out = vec![logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?];
         for &t in forced {
             let logits = match &compact {
@@ -301,7 +321,7 @@ impl Engine {
 
     /// Chat-formats `prompt` and generates a reply.
     pub fn generate_chat(
-        &self,
+        &mut self,
         prompt: &str,
         opts: &GenerateOptions,
         on_text: impl FnMut(&str) -> bool,
@@ -313,7 +333,7 @@ impl Engine {
     /// Generates from prompt token ids. `on_text` receives each completed
     /// piece of text; returning `false` stops generation (cancel).
     pub fn generate_ids(
-        &self,
+        &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> bool,
@@ -322,14 +342,16 @@ impl Engine {
             bail!("the prompt is empty");
         }
         self.validate(prompt.len(), opts)?;
+        let codec = self.codec.clone();
         let mut steps = EngineSteps {
-            engine: self,
             cache: self.model.new_cache(),
+            engine: self,
             chosen: None,
             compact: None,
         };
-        let out = decode_loop(&self.codec, prompt, opts, &mut steps, &mut on_text)?;
-        let (compute_ratio, decode_weight_bytes) = self.decode_cost(steps.chosen.as_ref());
+        let out = decode_loop(&codec, prompt, opts, &mut steps, &mut on_text)?;
+        let chosen = steps.chosen.take();
+        let (compute_ratio, decode_weight_bytes) = self.decode_cost(chosen.as_ref());
         Ok(out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes))
     }
 }
@@ -370,10 +392,10 @@ pub trait Steps {
 
 /// Our engine's steps: selection at prefill, compact weights after the first token.
 struct EngineSteps<'a> {
-    engine: &'a Engine,
+    engine: &'a mut Engine,
     cache: KvCache,
     chosen: Option<Chosen>,
-    compact: Option<CompactMlps>,
+    compact: Option<DecodeMlps>,
 }
 
 impl Steps for EngineSteps<'_> {
@@ -388,7 +410,7 @@ impl Steps for EngineSteps<'_> {
             return Ok(0.0);
         };
         let t = Instant::now();
-        self.compact = Some(self.engine.compact(c)?);
+        self.compact = Some(self.engine.arrange(c)?);
         // GPU work is queued: wait for it so the build is timed, not the next step.
         self.engine.model.device().synchronize()?;
         Ok(t.elapsed().as_secs_f64())

@@ -481,7 +481,7 @@ fn worker_loop(mut engine: Engine, shared: Arc<Shared>, shutting_down: Arc<Atomi
         let started = Instant::now();
         let stop = || cancel.is_cancelled() || shutting_down.load(Ordering::SeqCst);
         let result = catch_unwind(AssertUnwindSafe(|| {
-            run_request(&engine, &request, &settings, &stop, &mut on_token)
+            run_request(&mut engine, &request, &settings, &stop, &mut on_token)
         }));
         shared.busy.store(false, Ordering::SeqCst);
         let reply = match result {
@@ -515,7 +515,7 @@ fn worker_loop(mut engine: Engine, shared: Arc<Shared>, shutting_down: Arc<Atomi
 }
 
 fn run_request(
-    engine: &Engine,
+    engine: &mut Engine,
     r: &Request,
     settings: &RuntimeSettings,
     stop: &dyn Fn() -> bool,

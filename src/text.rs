@@ -21,10 +21,11 @@ pub struct Message {
     pub content: String,
 }
 
-/// Tokenizer plus chat template of one model folder.
+/// Tokenizer plus chat template of one model folder. Cheap to clone (the
+/// tokenizer is shared).
 #[derive(Clone)]
 pub struct TextCodec {
-    tokenizer: Tokenizer,
+    tokenizer: std::sync::Arc<Tokenizer>,
     chat_template: Option<String>,
     stop_ids: Vec<u32>,
 }
@@ -61,7 +62,7 @@ impl TextCodec {
         stop_ids.sort_unstable();
         stop_ids.dedup();
         Ok(Self {
-            tokenizer,
+            tokenizer: std::sync::Arc::new(tokenizer),
             chat_template: cfg.chat_template,
             stop_ids,
         })

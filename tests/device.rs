@@ -84,7 +84,7 @@ fn synthetic_models_load_and_run_in_every_mode_deterministically() {
             Mode::Coreinfer,
         ] {
             // The ranking inside the folder is found without --ranking.
-            let engine = spec(&a, mode)
+            let mut engine = spec(&a, mode)
                 .load()
                 .unwrap_or_else(|e| panic!("{mode:?}: {e:#}"));
             let g = engine

@@ -70,7 +70,7 @@ fn smollm2_follows_llama_cpp_greedy_tokens() {
 
 #[test]
 fn smollm2_free_running_greedy_matches_llama_cpp_on_clear_prompt() {
-    let engine = Engine::load(
+    let mut engine = Engine::load(
         &common::model_dir("smollm2-135m-instruct"),
         &LoadOptions::default(),
     )
@@ -90,7 +90,7 @@ fn smollm2_free_running_greedy_matches_llama_cpp_on_clear_prompt() {
 
 #[test]
 fn chat_prompt_answers_sensibly() {
-    let engine = Engine::load(
+    let mut engine = Engine::load(
         &common::model_dir("smollm2-135m-instruct"),
         &LoadOptions::default(),
     )

@@ -246,7 +246,7 @@ fn run(cli: Cli) -> Result<()> {
                 ignore_eos: false,
             };
             opts.sampling.validate()?;
-            let engine = model.load()?;
+            let mut engine = model.load()?;
             let out = engine.generate_chat(&prompt, &opts, |piece| {
                 if !json {
                     print!("{piece}");
@@ -374,7 +374,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "{:?} {:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, {:.1} MB weights/token",
+                    "{:?} {:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, RSS after {:.0} MiB, {:.1} MB weights/token",
                     report.engine,
                     report.mode,
                     report.dtype,
@@ -382,6 +382,7 @@ fn run(cli: Cli) -> Result<()> {
                     report.decode_tokens_per_s,
                     report.ttft_s,
                     report.peak_rss_bytes as f64 / 1048576.0,
+                    report.rss_after_bytes as f64 / 1048576.0,
                     report.weight_bytes_per_token as f64 / 1e6
                 );
                 if let (Some(b), Some(r), Some(p)) = (

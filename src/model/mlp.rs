@@ -7,6 +7,14 @@
 //! the same three matrices (`Mlp::from_neuron_rows`), which is what selective
 //! loading and computation build on. Decode runs the fused CPU kernels of
 //! [`crate::kernels`]; prefill and non-CPU devices use candle matmuls.
+//!
+//! Selective computation does not copy a prompt's chosen neurons beside the
+//! loaded ones: [`Mlp::arrange`] reorders the held rows (layer by layer, so
+//! at most one layer's FFN is held twice) into a *front* segment of chosen
+//! neurons and a *back* segment of the others, stored
+//! `[gate_front; up_front; gate_back; up_back]`. Decode then runs on
+//! [`Mlp::front`], a zero-copy view of the front rows, and the next prompt's
+//! prefill still computes every held neuron from the same tensors.
 
 use crate::kernels::SwiGluDown;
 use crate::model::linear::{is_single_row, Linear};
@@ -22,8 +30,16 @@ pub struct Mlp {
     /// `down_proj` transposed: neuron `n` is row `n`, shape `[N, H]`.
     down_t: Tensor,
     width: usize,
-    /// Original indices of the neurons held, when this is a subset.
+    /// Original indices of the neurons held, when this is a subset, in
+    /// *canonical* order (ascending, the order they were loaded in). A
+    /// neuron's canonical position is its index here; selection works on
+    /// canonical positions whatever the storage order.
     neurons: Option<Vec<u32>>,
+    /// Storage order after [`Mlp::arrange`]: the canonical position of each
+    /// stored row (`None`: canonical order).
+    order: Option<Vec<u32>>,
+    /// Rows in the front segment (`width` when not arranged).
+    front: usize,
 }
 
 impl Mlp {
@@ -48,6 +64,8 @@ impl Mlp {
             down_t: down_t.contiguous()?,
             width,
             neurons: None,
+            order: None,
+            front: width,
         })
     }
 
@@ -103,32 +121,105 @@ impl Mlp {
         Ok(mlp)
     }
 
-    /// A compact copy holding only rows `positions` (ascending) of this MLP:
-    /// contiguous weights, built once per prompt for selective decode.
-    pub fn select(&self, positions: &[usize]) -> Result<Self> {
-        let rows: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-        if let Some(&bad) = positions.iter().find(|&&p| p >= self.width) {
-            anyhow::bail!("neuron row {bad} out of range ({} held)", self.width);
+    /// Rows of `[gate; up]` holding stored row `p`'s gate and up weights.
+    fn gate_up_rows(&self, p: usize) -> (u32, u32) {
+        let (s, back) = (self.front, self.width - self.front);
+        let (g, u) = if p < s {
+            (p, s + p)
+        } else {
+            (2 * s + (p - s), 2 * s + back + (p - s))
+        };
+        (g as u32, u32::try_from(u).expect("FFN widths fit in u32"))
+    }
+
+    /// The same neurons stored with canonical positions `front` (ascending,
+    /// no duplicates) first: a new `[gate_front; up_front; gate_back;
+    /// up_back]` and `down_t [front; back]`, each segment in canonical order.
+    /// Replace the layer's MLP with the result so the old storage is freed.
+    pub fn arrange(&self, front: &[usize]) -> Result<Self> {
+        let w = self.width;
+        if let Some(&bad) = front.iter().find(|&&p| p >= w) {
+            anyhow::bail!("neuron position {bad} out of range ({w} held)");
         }
-        // One gather for [gate rows; up rows] (no concatenation copy) and one for down.
-        let gate_up_rows: Vec<u32> = rows
+        if front.windows(2).any(|p| p[0] >= p[1]) {
+            anyhow::bail!("front neuron positions must be ascending without duplicates");
+        }
+        // Stored row of each canonical position.
+        let mut stored = vec![0u32; w];
+        match &self.order {
+            Some(order) => order
+                .iter()
+                .enumerate()
+                .for_each(|(row, &c)| stored[c as usize] = row as u32),
+            None => stored
+                .iter_mut()
+                .enumerate()
+                .for_each(|(c, r)| *r = c as u32),
+        }
+        let mut in_front = vec![false; w];
+        front.iter().for_each(|&p| in_front[p] = true);
+        let order: Vec<u32> = front
             .iter()
-            .copied()
-            .chain(rows.iter().map(|r| r + self.width as u32))
+            .map(|&p| p as u32)
+            .chain((0..w as u32).filter(|&c| !in_front[c as usize]))
             .collect();
+        let src: Vec<usize> = order.iter().map(|&c| stored[c as usize] as usize).collect();
+        let (head, tail) = src.split_at(front.len());
+        let mut gate_up_rows: Vec<u32> = Vec::with_capacity(2 * w);
+        for part in [head, tail] {
+            let (gate, up): (Vec<u32>, Vec<u32>) =
+                part.iter().map(|&p| self.gate_up_rows(p)).unzip();
+            gate_up_rows.extend(gate);
+            gate_up_rows.extend(up);
+        }
+        let down_rows: Vec<u32> = src.iter().map(|&p| p as u32).collect();
         let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
-        let down_t = crate::kernels::gather_rows(&self.down_t, &rows)?;
-        let mut mlp = Self {
+        let down_t = crate::kernels::gather_rows(&self.down_t, &down_rows)?;
+        let identity = front.len() == w;
+        Ok(Self {
             gate_up: Linear::new(gate_up, None)?,
             down_t,
-            width: rows.len(),
-            neurons: None,
+            width: w,
+            neurons: self.neurons.clone(),
+            order: (!identity).then_some(order),
+            front: front.len(),
+        })
+    }
+
+    /// The front segment as an MLP of its own: views of the stored rows, no
+    /// copy. What decode runs on after [`Mlp::arrange`].
+    pub fn front(&self) -> Result<Self> {
+        let Some(order) = &self.order else {
+            return Ok(self.clone());
         };
-        mlp.neurons = Some(match &self.neurons {
-            Some(held) => rows.iter().map(|&r| held[r as usize]).collect(),
-            None => rows,
+        let s = self.front;
+        let ids = order[..s].iter().map(|&c| match &self.neurons {
+            Some(held) => held[c as usize],
+            None => c,
         });
-        Ok(mlp)
+        Ok(Self {
+            gate_up: Linear::new(self.gate_up.weight().narrow(0, 0, 2 * s)?, None)?,
+            down_t: self.down_t.narrow(0, 0, s)?,
+            width: s,
+            neurons: Some(ids.collect()),
+            order: None,
+            front: s,
+        })
+    }
+
+    /// Activations `a [.., N]` in storage order → canonical order (what
+    /// selection works on).
+    pub fn to_canonical(&self, a: &Tensor) -> Result<Tensor> {
+        let Some(order) = &self.order else {
+            return Ok(a.clone());
+        };
+        let mut stored = vec![0u32; self.width];
+        order
+            .iter()
+            .enumerate()
+            .for_each(|(row, &c)| stored[c as usize] = row as u32);
+        let idx = Tensor::new(stored, a.device())?;
+        Ok(a.index_select(&idx, a.rank() - 1)?)
     }
 
     /// Loads every neuron of layer `prefix` with `pread` (the dense MLP).
@@ -172,12 +263,26 @@ impl Mlp {
         self.gate_up.weight_bytes() + self.down_t.elem_count() * self.down_t.dtype().size_in_bytes()
     }
 
-    /// The input of `down_proj`: `silu(gate(x)) * up(x)`, shape `[.., N]`, f32.
+    /// The input of `down_proj`: `silu(gate(x)) * up(x)`, shape `[.., N]`,
+    /// f32, in storage order ([`Mlp::to_canonical`] reorders it).
     pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
         let gu = self.gate_up.forward(x)?;
-        let gate = gu.narrow(D::Minus1, 0, self.width)?;
-        let up = gu.narrow(D::Minus1, self.width, self.width)?;
-        Ok((candle_nn::ops::silu(&gate)? * up)?)
+        let swiglu = |start: usize, n: usize| -> Result<Tensor> {
+            let gate = gu.narrow(D::Minus1, start, n)?;
+            let up = gu.narrow(D::Minus1, start + n, n)?;
+            Ok((candle_nn::ops::silu(&gate)? * up)?)
+        };
+        let (s, back) = (self.front, self.width - self.front);
+        if self.order.is_none() || back == 0 {
+            return swiglu(0, self.width);
+        }
+        if s == 0 {
+            return swiglu(0, back);
+        }
+        Ok(Tensor::cat(
+            &[swiglu(0, s)?, swiglu(2 * s, back)?],
+            D::Minus1,
+        )?)
     }
 
     /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
@@ -191,10 +296,103 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if is_single_row(x) && x.device().is_cpu() {
+        if is_single_row(x) && x.device().is_cpu() && self.order.is_none() {
             let gu = self.gate_up.forward(x)?;
             return Ok(gu.apply_op2_no_bwd(&self.down_t, &SwiGluDown)?);
         }
         self.down(&self.activations(x)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    /// Address of the first element of a contiguous CPU f32 tensor.
+    fn data_ptr(t: &Tensor) -> *const f32 {
+        let (storage, layout) = t.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => {
+                v[layout.start_offset()..].as_ptr()
+            }
+            _ => panic!("expected CPU f32 storage"),
+        }
+    }
+
+    fn random_mlp(n: usize, h: usize) -> Mlp {
+        let dev = Device::Cpu;
+        let r = |seed: f64| {
+            Tensor::arange(0f32, (n * h) as f32, &dev)
+                .unwrap()
+                .affine(0.37, seed)
+                .unwrap()
+                .sin()
+                .unwrap()
+                .reshape((n, h))
+                .unwrap()
+        };
+        Mlp::from_neuron_rows(&r(0.1), &r(0.7), &r(1.3)).unwrap()
+    }
+
+    #[test]
+    fn arranged_mlp_computes_the_same_and_its_front_is_the_chosen_rows() {
+        let (n, h) = (24, 8);
+        let mlp = random_mlp(n, h);
+        let x = Tensor::arange(0f32, (3 * h) as f32, &Device::Cpu)
+            .unwrap()
+            .affine(0.05, -0.4)
+            .unwrap()
+            .reshape((1, 3, h))
+            .unwrap();
+        let dense_a = mlp.activations(&x).unwrap();
+        let dense_y = mlp.forward(&x).unwrap();
+        let mut held = mlp.clone();
+        // Arrange twice, so the second works from an arranged layout.
+        for front in [vec![1usize, 4, 5, 17, 23], vec![0, 4, 9, 10, 11, 17, 20]] {
+            held = held.arrange(&front).unwrap();
+            // Every held neuron still computes, in any storage order.
+            let a = held.to_canonical(&held.activations(&x).unwrap()).unwrap();
+            assert!(max_diff(&a, &dense_a) < 1e-5);
+            assert!(max_diff(&held.forward(&x).unwrap(), &dense_y) < 1e-4);
+            // The front computes exactly the chosen neurons.
+            let f = held.front().unwrap();
+            assert_eq!(f.width(), front.len());
+            let ids: Vec<u32> = front.iter().map(|&p| p as u32).collect();
+            assert_eq!(f.neurons(), Some(&ids[..]));
+            let want = dense_a
+                .index_select(&Tensor::new(ids.as_slice(), &Device::Cpu).unwrap(), 2)
+                .unwrap();
+            assert!(max_diff(&f.activations(&x).unwrap(), &want) < 1e-5);
+            let y = f.forward(&x.narrow(1, 2, 1).unwrap()).unwrap();
+            let want_y = f.down(&want.narrow(1, 2, 1).unwrap()).unwrap();
+            assert!(max_diff(&y, &want_y) < 1e-4);
+            // Views, not copies: the front's weights are the held storage.
+            assert_eq!(
+                data_ptr(f.gate_up.weight()),
+                data_ptr(held.gate_up.weight())
+            );
+            assert_eq!(data_ptr(&f.down_t), data_ptr(&held.down_t));
+        }
+        assert!(held.arrange(&[3, 3]).is_err());
+        assert!(held.arrange(&[n]).is_err());
+        // Choosing every neuron gives back the canonical layout.
+        let all: Vec<usize> = (0..n).collect();
+        let back = held.arrange(&all).unwrap();
+        assert!(back.order.is_none());
+        assert_eq!(max_diff(&back.forward(&x).unwrap(), &dense_y), 0.0);
     }
 }
