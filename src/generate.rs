@@ -400,7 +400,9 @@ struct EngineSteps<'a> {
 
 impl Steps for EngineSteps<'_> {
     fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor> {
-        let (logits, chosen) = self.engine.prefill(prompt, &mut self.cache)?;
+        let (engine, cache) = (&*self.engine, &mut self.cache);
+        // On a rayon worker, like the decode steps.
+        let (logits, chosen) = rayon::scope(|_| engine.prefill(prompt, cache))?;
         self.chosen = chosen;
         Ok(logits)
     }
