@@ -4,23 +4,27 @@
 # at a time. Each knob gets its own folder OUT_ROOT/<knob> (resumable, like
 # scripts/eval_modes.sh, which runs every configuration) and its own table.
 # Usage: scripts/knob_study.sh MODEL_DIR LIMIT OUT_ROOT [knob ...]
-# Knobs: alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6 (default: all).
+# Knobs (default: all): alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6,
+# and heldout: the ranking profiled on rows the evaluation does not score
+# (`selectinfer_profile --config config/profile-heldout.yaml` writes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/smollm2-135m-instruct}; LIMIT=${2:-100}; ROOT=${3:-runs/knobs}
 shift 3 || true
-KNOBS=${*:-"alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6"}
+KNOBS=${*:-"alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6 heldout"}
 LAST=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'] - 1)" "$MODEL/config.json")
 for knob in $KNOBS; do
-  env=()
+  env=(); extra=()
   case $knob in
+    heldout) extra=(--ranking "rankings/$(basename "$MODEL").heldout.ranking.safetensors") ;;
     alpha*) env=(ALPHA="${knob#alpha}") ;;
     delta*) env=(DELTA="${knob#delta}") ;;
     gamma*) env=(GAMMA="${knob#gamma}") ;;
     dense6) env=(DENSE_LAYERS="0,1,2,$((LAST - 2)),$((LAST - 1)),$LAST") ;;
-    *) echo "unknown knob '$knob' (alpha<x>, delta<x>, gamma<x>, dense6)" >&2; exit 2 ;;
+    *) echo "unknown knob '$knob' (alpha<x>, delta<x>, gamma<x>, dense6, heldout)" >&2; exit 2 ;;
   esac
   mkdir -p "$ROOT/$knob"
-  echo "## $knob (${env[*]})"
-  env "${env[@]}" CONFIGS="selectinfer:0.4" scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" | tee "$ROOT/$knob/table.md"
+  echo "## $knob (${env[*]} ${extra[*]})"
+  env "${env[@]}" CONFIGS="selectinfer:0.4" scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" "${extra[@]}" \
+    | tee "$ROOT/$knob/table.md"
 done

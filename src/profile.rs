@@ -35,8 +35,13 @@ pub struct DatasetSpec {
     pub path: PathBuf,
     /// Prompt template with `{field}` placeholders; chat-formatted afterwards.
     pub template: String,
-    /// Number of examples (the first N rows).
+    /// Number of examples (the first N rows after `skip`).
     pub examples: usize,
+    /// Rows passed over before the first profiled one, so that profiling
+    /// can use rows an evaluation does not (`eval --limit N` scores the
+    /// first N rows of the same files).
+    #[serde(default)]
+    pub skip: usize,
 }
 
 /// The profiler's configuration (`config/profile.yaml`).
@@ -185,8 +190,17 @@ fn task_job<'a>(
     let examples = data::load_jsonl(&spec.path, None)
         .with_context(|| format!("loading the '{}' dataset", spec.task))?;
     let mut prompts = Vec::with_capacity(spec.examples);
+    if spec.skip >= examples.len() {
+        bail!(
+            "task '{}': skip {} leaves none of the {} rows of {}",
+            spec.task,
+            spec.skip,
+            examples.len(),
+            spec.path.display()
+        );
+    }
     let mut skipped = 0;
-    for e in &examples {
+    for e in &examples[spec.skip..] {
         if prompts.len() == spec.examples {
             break;
         }

@@ -22,6 +22,7 @@ fn config(output: &Path, examples: usize) -> ProfileConfig {
         path: data(file),
         template: template.into(),
         examples,
+        skip: 0,
     };
     ProfileConfig {
         model: common::model_dir(MODEL),
@@ -232,6 +233,19 @@ fn empty_or_missing_datasets_are_clear_errors() {
             .unwrap()
     );
     assert!(e.contains("'nonexistent_field'"), "{e}");
+
+    let mut cfg = config(&dir.path().join("x.safetensors"), 1);
+    cfg.datasets[1].skip = 500;
+    let e = format!(
+        "{:#}",
+        profile::run(engine(), &cfg.model, &cfg, true)
+            .err()
+            .unwrap()
+    );
+    assert!(
+        e.contains("skip 500 leaves none of the 500 rows") && e.contains("summarization"),
+        "{e}"
+    );
 
     let mut cfg = config(&dir.path().join("x.safetensors"), 1);
     cfg.datasets.clear();
