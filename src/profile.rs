@@ -304,6 +304,7 @@ pub fn run(
                 name: spec.task.clone(),
                 dataset: spec.path.display().to_string(),
                 dataset_sha256: job.dataset_sha256,
+                skip: spec.skip,
                 examples: prompt_ids.len(),
                 skipped_too_long: job.skipped_too_long,
                 tokens,

@@ -64,6 +64,10 @@ pub struct TaskMeta {
     /// Dataset path as given in the profile config.
     pub dataset: String,
     pub dataset_sha256: String,
+    /// Rows of the dataset passed over before the first profiled one
+    /// (the profile config's `skip`; files without it profiled from row 0).
+    #[serde(default)]
+    pub skip: usize,
     pub examples: usize,
     /// Rows passed over because their prompt exceeded `max_prompt_tokens`.
     pub skipped_too_long: usize,

@@ -67,6 +67,14 @@ fn ranking_file() -> &'static (tempfile::TempDir, PathBuf) {
     })
 }
 
+/// The profiler's error for `cfg`, with its context chain.
+fn run_err(cfg: &ProfileConfig) -> String {
+    format!(
+        "{:#}",
+        profile::run(engine(), &cfg.model, cfg, true).err().unwrap()
+    )
+}
+
 fn load_err(r: &Ranking) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.safetensors");
@@ -110,6 +118,38 @@ fn ranking_file_has_the_documented_shape_and_metadata() {
     // model_wide is the mean of the tasks' normalised scores.
     let mean = r.tasks.values().map(|t| t.scores[7][100]).sum::<f32>() / 3.0;
     assert!((r.model_wide.scores[7][100] - mean).abs() <= 1e-6 * mean.max(1.0));
+}
+
+/// `skip` moves the profiled rows past the ones an evaluation scores: the
+/// file records it, and the translation scores are those of other rows
+/// (the tasks left at row 0 keep theirs).
+#[test]
+fn skipped_rows_are_not_profiled_and_the_skip_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("skip.safetensors"), 2);
+    cfg.datasets[0].skip = 200;
+    let skipped = profile::run(engine(), &cfg.model, &cfg, true)
+        .unwrap()
+        .ranking;
+    let first = Ranking::load(&ranking_file().1).unwrap();
+    let skips: Vec<(&str, usize)> = skipped
+        .meta
+        .tasks
+        .iter()
+        .map(|t| (t.name.as_str(), t.skip))
+        .collect();
+    assert_eq!(
+        skips,
+        [("translation", 200), ("summarization", 0), ("qa", 0)]
+    );
+    assert_ne!(
+        skipped.task("translation").unwrap().scores,
+        first.task("translation").unwrap().scores
+    );
+    assert_eq!(
+        skipped.task("qa").unwrap().scores,
+        first.task("qa").unwrap().scores
+    );
 }
 
 #[test]
@@ -203,12 +243,7 @@ fn empty_or_missing_datasets_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir.path().join("x.safetensors"), 1);
     cfg.datasets[1].path = dir.path().join("missing.jsonl");
-    let e = format!(
-        "{:#}",
-        profile::run(engine(), &cfg.model, &cfg, true)
-            .err()
-            .unwrap()
-    );
+    let e = run_err(&cfg);
     assert!(
         e.contains("missing.jsonl") && e.contains("summarization"),
         "{e}"
@@ -216,32 +251,17 @@ fn empty_or_missing_datasets_are_clear_errors() {
 
     std::fs::write(dir.path().join("empty.jsonl"), "\n").unwrap();
     cfg.datasets[1].path = dir.path().join("empty.jsonl");
-    let e = format!(
-        "{:#}",
-        profile::run(engine(), &cfg.model, &cfg, true)
-            .err()
-            .unwrap()
-    );
+    let e = run_err(&cfg);
     assert!(e.contains("has no examples"), "{e}");
 
     let mut cfg = config(&dir.path().join("x.safetensors"), 1);
     cfg.datasets[0].template = "{nonexistent_field}".into();
-    let e = format!(
-        "{:#}",
-        profile::run(engine(), &cfg.model, &cfg, true)
-            .err()
-            .unwrap()
-    );
+    let e = run_err(&cfg);
     assert!(e.contains("'nonexistent_field'"), "{e}");
 
     let mut cfg = config(&dir.path().join("x.safetensors"), 1);
     cfg.datasets[1].skip = 500;
-    let e = format!(
-        "{:#}",
-        profile::run(engine(), &cfg.model, &cfg, true)
-            .err()
-            .unwrap()
-    );
+    let e = run_err(&cfg);
     assert!(
         e.contains("skip 500 leaves none of the 500 rows") && e.contains("summarization"),
         "{e}"
@@ -249,13 +269,7 @@ fn empty_or_missing_datasets_are_clear_errors() {
 
     let mut cfg = config(&dir.path().join("x.safetensors"), 1);
     cfg.datasets.clear();
-    assert!(format!(
-        "{:#}",
-        profile::run(engine(), &cfg.model, &cfg, true)
-            .err()
-            .unwrap()
-    )
-    .contains("no datasets"));
+    assert!(run_err(&cfg).contains("no datasets"));
 }
 
 #[test]
