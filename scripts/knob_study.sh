@@ -4,6 +4,8 @@
 # at a time. Each knob gets its own folder OUT_ROOT/<knob> (resumable, like
 # scripts/eval_modes.sh, which runs every configuration) and its own table.
 # Usage: scripts/knob_study.sh MODEL_DIR LIMIT OUT_ROOT [knob ...]
+# A knob may end in @φ to run at another compute ratio (e.g. dense6@0.3: six
+# dense layers at the operating point's overall compute).
 # Knobs (default: all): alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6,
 # and heldout: the ranking profiled on rows the evaluation does not score
 # (`selectinfer_profile --config config/profile-heldout.yaml` writes it).
@@ -14,17 +16,19 @@ shift 3 || true
 KNOBS=${*:-"alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6 heldout"}
 LAST=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'] - 1)" "$MODEL/config.json")
 for knob in $KNOBS; do
-  env=(); extra=()
-  case $knob in
+  env=(); extra=(); phi=0.4
+  case $knob in *@*) phi=${knob#*@} ;; esac
+  name=${knob%@*}
+  case $name in
     heldout) extra=(--ranking "rankings/$(basename "$MODEL").heldout.ranking.safetensors") ;;
-    alpha*) env=(ALPHA="${knob#alpha}") ;;
-    delta*) env=(DELTA="${knob#delta}") ;;
-    gamma*) env=(GAMMA="${knob#gamma}") ;;
+    alpha*) env=(ALPHA="${name#alpha}") ;;
+    delta*) env=(DELTA="${name#delta}") ;;
+    gamma*) env=(GAMMA="${name#gamma}") ;;
     dense6) env=(DENSE_LAYERS="0,1,2,$((LAST - 2)),$((LAST - 1)),$LAST") ;;
     *) echo "unknown knob '$knob' (alpha<x>, delta<x>, gamma<x>, dense6, heldout)" >&2; exit 2 ;;
   esac
   mkdir -p "$ROOT/$knob"
   echo "## $knob (${env[*]} ${extra[*]})"
-  env "${env[@]}" CONFIGS="selectinfer:0.4" scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" "${extra[@]}" \
+  env "${env[@]}" CONFIGS="selectinfer:$phi" scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" "${extra[@]}" \
     | tee "$ROOT/$knob/table.md"
 done
