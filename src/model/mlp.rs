@@ -129,7 +129,8 @@ impl Mlp {
         } else {
             (2 * s + (p - s), 2 * s + back + (p - s))
         };
-        (g as u32, u32::try_from(u).expect("FFN widths fit in u32"))
+        // Row indices are u32 like every neuron index here (widths ≪ 2^32).
+        (g as u32, u as u32)
     }
 
     /// The same neurons stored with canonical positions `front` (ascending,
