@@ -133,6 +133,17 @@ impl Mlp {
         (g as u32, u as u32)
     }
 
+    /// The stored row of each canonical position (the inverse of `order`).
+    fn stored_rows(&self) -> Vec<u32> {
+        let mut stored: Vec<u32> = (0..self.width as u32).collect();
+        if let Some(order) = &self.order {
+            for (row, &c) in order.iter().enumerate() {
+                stored[c as usize] = row as u32;
+            }
+        }
+        stored
+    }
+
     /// The same neurons stored with canonical positions `front` (ascending,
     /// no duplicates) first: a new `[gate_front; up_front; gate_back;
     /// up_back]` and `down_t [front; back]`, each segment in canonical order.
@@ -145,18 +156,7 @@ impl Mlp {
         if front.windows(2).any(|p| p[0] >= p[1]) {
             anyhow::bail!("front neuron positions must be ascending without duplicates");
         }
-        // Stored row of each canonical position.
-        let mut stored = vec![0u32; w];
-        match &self.order {
-            Some(order) => order
-                .iter()
-                .enumerate()
-                .for_each(|(row, &c)| stored[c as usize] = row as u32),
-            None => stored
-                .iter_mut()
-                .enumerate()
-                .for_each(|(c, r)| *r = c as u32),
-        }
+        let stored = self.stored_rows();
         let mut in_front = vec![false; w];
         front.iter().for_each(|&p| in_front[p] = true);
         let order: Vec<u32> = front
@@ -211,15 +211,10 @@ impl Mlp {
     /// Activations `a [.., N]` in storage order → canonical order (what
     /// selection works on).
     pub fn to_canonical(&self, a: &Tensor) -> Result<Tensor> {
-        let Some(order) = &self.order else {
+        if self.order.is_none() {
             return Ok(a.clone());
-        };
-        let mut stored = vec![0u32; self.width];
-        order
-            .iter()
-            .enumerate()
-            .for_each(|(row, &c)| stored[c as usize] = row as u32);
-        let idx = Tensor::new(stored, a.device())?;
+        }
+        let idx = Tensor::new(self.stored_rows(), a.device())?;
         Ok(a.index_select(&idx, a.rank() - 1)?)
     }
 
