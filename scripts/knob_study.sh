@@ -7,8 +7,11 @@
 # A knob may end in @φ to run at another compute ratio (e.g. dense6@0.3: six
 # dense layers at the operating point's overall compute).
 # Knobs (default: all): alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6,
-# and heldout: the ranking profiled on rows the evaluation does not score
-# (`selectinfer_profile --config config/profile-heldout.yaml` writes it).
+# heldout: the ranking profiled on rows the evaluation does not score
+# (`selectinfer_profile --config config/profile-heldout.yaml` writes it), and
+# gen<N>: the ranking profiled with N generated tokens scored per example
+# instead of 8 (`selectinfer_profile --generated-tokens N --output
+# rankings/<model>.gen<N>.ranking.safetensors` writes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/smollm2-135m-instruct}; LIMIT=${2:-100}; ROOT=${3:-runs/knobs}
@@ -20,12 +23,12 @@ for knob in $KNOBS; do
   case $knob in *@*) phi=${knob#*@} ;; esac
   name=${knob%@*}
   case $name in
-    heldout) extra=(--ranking "rankings/$(basename "$MODEL").heldout.ranking.safetensors") ;;
+    heldout | gen[0-9]*) extra=(--ranking "rankings/$(basename "$MODEL").$name.ranking.safetensors") ;;
     alpha*) env=(ALPHA="${name#alpha}") ;;
     delta*) env=(DELTA="${name#delta}") ;;
     gamma*) env=(GAMMA="${name#gamma}") ;;
     dense6) env=(DENSE_LAYERS="0,1,2,$((LAST - 2)),$((LAST - 1)),$LAST") ;;
-    *) echo "unknown knob '$knob' (alpha<x>, delta<x>, gamma<x>, dense6, heldout)" >&2; exit 2 ;;
+    *) echo "unknown knob '$knob' (alpha<x>, delta<x>, gamma<x>, dense6, heldout, gen<N>)" >&2; exit 2 ;;
   esac
   mkdir -p "$ROOT/$knob"
   echo "## $knob (${env[*]} ${extra[*]})"

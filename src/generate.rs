@@ -2,7 +2,7 @@
 //! decode loop with sampling and stop tokens, streaming and statistics.
 
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
-use crate::selective::{LayerSelector, Method};
+use crate::selective::{LayerSelector, Method, PromptCounts};
 use crate::sysinfo;
 use crate::text::{TextCodec, TextStream};
 use anyhow::{bail, Context, Result};
@@ -202,15 +202,21 @@ impl Engine {
         let Some(selectors) = &self.selectors else {
             return Ok((self.model.forward(prompt, cache)?, None));
         };
-        let mut chosen: Chosen = vec![None; selectors.len()];
+        let mut counts = vec![PromptCounts::default(); selectors.len()];
         let blocks = &self.model.blocks;
+        // Called once per layer and prefill chunk: counts add up over chunks.
         let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
             if let Some(sel) = &selectors[layer] {
-                chosen[layer] = Some(sel.select(&blocks[layer].mlp.to_canonical(a)?)?);
+                counts[layer].add(sel.counts(&blocks[layer].mlp.to_canonical(a)?)?)?;
             }
             Ok(())
         };
         let logits = self.model.forward_observed(prompt, cache, &mut observe)?;
+        let chosen: Chosen = selectors
+            .iter()
+            .zip(&counts)
+            .map(|(sel, c)| sel.as_ref().map(|s| s.pick(c)).transpose())
+            .collect::<Result<_>>()?;
         Ok((logits, Some(chosen)))
     }
 

@@ -4,9 +4,11 @@
 //! At prefill every loaded neuron runs. For each prompt token the α fraction
 //! of loaded neurons with the largest |activation| form the token's active
 //! set; the ε·N neurons (not static) active for the most tokens are the
-//! prompt's dynamic set. Compact contiguous weights for static + dynamic
-//! neurons are then built once ([`crate::model::Mlp::select`]) and decode
-//! runs dense on them: no per-token gathers on the decode path.
+//! prompt's dynamic set (a long prompt prefilled in chunks adds up its
+//! chunks' [`PromptCounts`] first). Each layer's loaded rows are then
+//! rearranged once per prompt with the static + dynamic ones in front
+//! ([`crate::model::Mlp::arrange`]) and decode runs dense on a view of that
+//! front: no per-token gathers on the decode path.
 
 use crate::model::{Config, Mlp};
 use crate::plan::{count, LoadPlan, SelectionParams};
@@ -172,12 +174,22 @@ impl LayerSelector {
     /// a token's top `token_k` by |activation| (ties: larger Σ|a|, then
     /// lower row). Ascending.
     pub fn select(&self, a: &Tensor) -> Result<Vec<usize>> {
+        let mut counts = PromptCounts::default();
+        counts.add(self.counts(a)?)?;
+        self.pick(&counts)
+    }
+
+    /// Per loaded row of `a [1, seq, n]`: hits and Σ|a| (see
+    /// [`Self::counts_on_host`]), computed where `a` lives when that is
+    /// possible. Counts of consecutive chunks of a prompt add up to the
+    /// prompt's.
+    pub fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
         let (hits, mass) = if a.device().is_cpu() || a.dim(D::Minus1)? > DEVICE_SORT_MAX {
             self.counts_on_host(a)?
         } else {
             self.counts_on_device(a)?
         };
-        self.pick(&hits, &mass)
+        Ok(PromptCounts { hits, mass })
     }
 
     /// Per loaded row: in how many tokens' top `token_k` it is, and Σ|a|.
@@ -232,7 +244,8 @@ impl LayerSelector {
 
     /// The static rows plus the `dynamic_k` best non-static rows by
     /// (hits, mass, lower row), ascending.
-    fn pick(&self, hits: &[u32], mass: &[f64]) -> Result<Vec<usize>> {
+    pub fn pick(&self, counts: &PromptCounts) -> Result<Vec<usize>> {
+        let (hits, mass) = (&counts.hits, &counts.mass);
         let n = hits.len();
         if self.static_positions.iter().any(|&p| p >= n) {
             bail!("static neuron position out of range ({n} loaded)");
@@ -257,5 +270,39 @@ impl LayerSelector {
             .collect();
         chosen.sort_unstable();
         Ok(chosen)
+    }
+}
+
+/// A prompt's selection statistics for one layer, per loaded row: in how
+/// many tokens' top α the row is (`hits`) and its Σ|a| (`mass`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptCounts {
+    pub hits: Vec<u32>,
+    pub mass: Vec<f64>,
+}
+
+impl PromptCounts {
+    /// Adds the counts of more tokens of the same prompt (the next chunk).
+    pub fn add(&mut self, more: PromptCounts) -> Result<()> {
+        if self.hits.is_empty() {
+            *self = more;
+            return Ok(());
+        }
+        if more.hits.len() != self.hits.len() {
+            bail!(
+                "selection counts of {} rows added to counts of {} rows",
+                more.hits.len(),
+                self.hits.len()
+            );
+        }
+        self.hits
+            .iter_mut()
+            .zip(more.hits)
+            .for_each(|(h, m)| *h += m);
+        self.mass
+            .iter_mut()
+            .zip(more.mass)
+            .for_each(|(h, m)| *h += m);
+        Ok(())
     }
 }

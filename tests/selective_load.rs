@@ -101,6 +101,10 @@ mod compute {
     use selectinfer::selective::{Method, Mode};
 
     fn engine(mode: Mode, load_ratio: f64, compute_ratio: f64) -> Engine {
+        engine_with(mode, load_ratio, compute_ratio, &LoadOptions::default())
+    }
+
+    fn engine_with(mode: Mode, load_ratio: f64, compute_ratio: f64, opts: &LoadOptions) -> Engine {
         let dir = common::model_dir("smollm2-135m-instruct");
         let params = SelectionParams {
             load_ratio,
@@ -113,7 +117,7 @@ mod compute {
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");
         let method = Method::new(mode, params, &dir, Some(&ranking), 0).unwrap();
-        Engine::load_with_method(&dir, &LoadOptions::default(), Some(method)).unwrap()
+        Engine::load_with_method(&dir, opts, Some(method)).unwrap()
     }
 
     fn run(e: &mut Engine) -> selectinfer::generate::Generation {
@@ -233,4 +237,87 @@ mod compute {
         let g2 = run(&mut e);
         assert_eq!(g1.token_ids, g2.token_ids);
     }
+
+    /// A prompt longer than the prefill chunk runs chunk by chunk through
+    /// the KV cache; the selection adds up the chunks' counts. Same logits
+    /// and same chosen neurons as one pass, up to rounding.
+    #[test]
+    fn a_prompt_prefilled_in_chunks_chooses_and_answers_as_in_one_pass() {
+        let chunked_opts = LoadOptions {
+            prefill_chunk: 7,
+            ..Default::default()
+        };
+        let mut whole = engine(Mode::Selectinfer, 0.7, 0.4);
+        let mut chunked = engine_with(Mode::Selectinfer, 0.7, 0.4, &chunked_opts);
+        let prompt = whole
+            .codec
+            .chat_prompt_ids("Translate into English: Der Hund schläft im Garten.")
+            .unwrap();
+        assert!(prompt.len() > 3 * 7, "the prompt spans several chunks");
+        let forced = [504u32, 2767, 2730];
+        let (a, rows_a) = whole.forced_logits(&prompt, &forced, None).unwrap();
+        let (b, rows_b) = chunked.forced_logits(&prompt, &forced, None).unwrap();
+        for (layer, (x, y)) in rows_a.unwrap().iter().zip(&rows_b.unwrap()).enumerate() {
+            let (Some(x), Some(y)) = (x, y) else {
+                assert_eq!(x, y, "layer {layer}");
+                continue;
+            };
+            let same = x.iter().filter(|p| y.binary_search(p).is_ok()).count();
+            assert!(
+                same + 2 >= x.len(),
+                "layer {layer}: {same} of {} rows kept",
+                x.len()
+            );
+        }
+        let diff = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-3, "logits differ by {diff}");
+        assert_eq!(run(&mut whole).token_ids, run(&mut chunked).token_ids);
+    }
+}
+
+#[test]
+fn a_prompt_prefilled_in_chunks_gives_the_logits_of_one_pass() {
+    let dir = common::model_dir("smollm2-135m-instruct");
+    let whole = Model::from_dir(&dir, &LoadOptions::default()).unwrap();
+    let chunked = Model::from_dir(
+        &dir,
+        &LoadOptions {
+            prefill_chunk: 5,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids: Vec<u32> = (0..23u32).map(|i| 100 + 37 * i).collect();
+    let a = whole
+        .forward(&ids, &mut whole.new_cache())
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let mut cache = chunked.new_cache();
+    let b = chunked
+        .forward(&ids, &mut cache)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(cache.len(), ids.len(), "every chunk went through the cache");
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f32, f32::max);
+    assert!(diff < 1e-4, "logits differ by {diff}");
+    let bad = Model::from_dir(
+        &dir,
+        &LoadOptions {
+            prefill_chunk: 0,
+            ..Default::default()
+        },
+    );
+    let err = format!("{:#}", bad.expect_err("a zero chunk is refused"));
+    assert!(err.contains("prefill_chunk"), "{err}");
 }

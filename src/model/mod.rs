@@ -25,6 +25,8 @@ use std::path::Path;
 pub type MlpObserver<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
 /// Sees every block's MLP activations, with the layer index.
 pub type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+/// A [`LayerObserver`] reborrowed for one prefill chunk.
+type ChunkObserver<'r, 'o> = &'r mut (dyn FnMut(usize, &Tensor) -> Result<()> + 'o);
 
 /// RoPE tables for positions `0..max_positions`.
 #[derive(Debug, Clone)]
@@ -370,7 +372,17 @@ pub struct LoadOptions {
     /// The disk-offload baseline: FFN weights are not kept in memory but
     /// read from the checkpoint (page cache dropped) at every forward pass.
     pub offload_ffn: bool,
+    /// Longest run of prompt tokens one forward pass takes; longer prompts
+    /// are prefilled in chunks of this many tokens through the KV cache, so
+    /// the attention scores (`heads × chunk × context`) and MLP activations
+    /// of a long prompt never exist whole. Same logits up to rounding.
+    pub prefill_chunk: usize,
 }
+
+/// Default [`LoadOptions::prefill_chunk`]: large enough that matmuls stay
+/// efficient, small enough that a 4096-token prompt's temporaries stay far
+/// below the weights of the models we serve.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -380,6 +392,7 @@ impl Default for LoadOptions {
             max_context: None,
             plan: None,
             offload_ffn: false,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -397,6 +410,7 @@ pub struct Model {
     /// Disk offload: where each forward pass reads the FFN weights from.
     offload: Option<std::sync::Arc<crate::rowread::RowSource>>,
     dtype: DType,
+    prefill_chunk: usize,
 }
 
 impl Model {
@@ -436,6 +450,9 @@ impl Model {
         rows: Option<&crate::rowread::RowSource>,
     ) -> Result<Self> {
         cfg.validate()?;
+        if opts.prefill_chunk == 0 {
+            bail!("prefill_chunk must be at least 1 token");
+        }
         if let Some(plan) = &opts.plan {
             if plan.layers.len() != cfg.num_hidden_layers || plan.width != cfg.intermediate_size {
                 bail!(
@@ -511,6 +528,7 @@ impl Model {
             device: opts.device.clone(),
             offload: None,
             dtype: opts.dtype,
+            prefill_chunk: opts.prefill_chunk,
         })
     }
 
@@ -584,7 +602,9 @@ impl Model {
 
     /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
     /// activations `a = silu(gate)·up` (`[1, seq, N]`, f32) — the profiler's
-    /// view of the network.
+    /// view of the network. A prompt longer than the prefill chunk is shown
+    /// chunk by chunk (each layer once per chunk, in order), so observers
+    /// accumulate.
     pub fn forward_observed(
         &self,
         tokens: &[u32],
@@ -618,6 +638,26 @@ impl Model {
                 self.cfg.vocab_size
             );
         }
+        let mut x = None;
+        for chunk in tokens.chunks(self.prefill_chunk) {
+            x = Some(self.blocks_forward(chunk, cache, observe.as_deref_mut(), mlps)?);
+        }
+        let x = x.expect("tokens is not empty");
+        let last = x.narrow(1, x.dim(1)? - 1, 1)?;
+        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
+        Ok(logits.flatten_all()?)
+    }
+
+    /// Embeds `tokens` and runs every block at positions `cache.len()..`;
+    /// returns the last block's output `[1, seq, hidden]`.
+    fn blocks_forward<'o>(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mut observe: Option<ChunkObserver<'_, 'o>>,
+        mlps: Option<&[Option<Mlp>]>,
+    ) -> Result<Tensor> {
+        let pos = cache.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self
             .embed_tokens
@@ -654,9 +694,7 @@ impl Model {
                 None => block.forward(&x, pos, &self.rope, layer_cache, None, mlp)?,
             };
         }
-        let last = x.narrow(1, tokens.len() - 1, 1)?;
-        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
-        Ok(logits.flatten_all()?)
+        Ok(x)
     }
 }
 
