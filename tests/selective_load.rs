@@ -95,7 +95,7 @@ fn loaded_neurons_and_bytes_match_the_plan() {
 
 mod compute {
     use super::common;
-    use selectinfer::generate::{Engine, GenerateOptions};
+    use selectinfer::generate::{Chosen, Engine, GenerateOptions};
     use selectinfer::model::LoadOptions;
     use selectinfer::plan::SelectionParams;
     use selectinfer::selective::{Method, Mode};
@@ -118,6 +118,34 @@ mod compute {
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");
         let method = Method::new(mode, params, &dir, Some(&ranking), 0).unwrap();
         Engine::load_with_method(&dir, opts, Some(method)).unwrap()
+    }
+
+    /// Same rows chosen per layer, up to rounding: a neuron at the top-α
+    /// border may flip, nothing more.
+    fn assert_same_choice(a: &Chosen, b: &Chosen) {
+        for (layer, (x, y)) in a.iter().zip(b).enumerate() {
+            let (Some(x), Some(y)) = (x, y) else {
+                assert_eq!(x, y, "layer {layer}");
+                continue;
+            };
+            let same = x.iter().filter(|p| y.binary_search(p).is_ok()).count();
+            assert!(
+                same + 2 >= x.len(),
+                "layer {layer}: {same} of {} rows kept",
+                x.len()
+            );
+        }
+    }
+
+    /// Teacher-forced logits equal up to rounding.
+    fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>]) {
+        let diff = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-3, "logits differ by {diff}");
     }
 
     fn run(e: &mut Engine) -> selectinfer::generate::Generation {
@@ -212,27 +240,9 @@ mod compute {
             rows_b.unwrap(),
             "the prompts choose differently"
         );
-        // Storage order changes the summation order, so allow rounding; a
-        // neuron at the top-α border may flip, nothing more.
-        for (layer, (x, y)) in rows_first.iter().zip(&rows_again).enumerate() {
-            let (Some(x), Some(y)) = (x, y) else {
-                assert_eq!(x, y, "layer {layer}");
-                continue;
-            };
-            let same = x.iter().filter(|p| y.binary_search(p).is_ok()).count();
-            assert!(
-                same + 2 >= x.len(),
-                "layer {layer}: {same} of {} rows kept",
-                x.len()
-            );
-        }
-        let diff = first
-            .iter()
-            .flatten()
-            .zip(again.iter().flatten())
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f32, f32::max);
-        assert!(diff < 1e-3, "logits differ by {diff}");
+        // Storage order changes the summation order, so allow rounding.
+        assert_same_choice(&rows_first, &rows_again);
+        assert_close(&first, &again);
         let g1 = run(&mut e);
         let g2 = run(&mut e);
         assert_eq!(g1.token_ids, g2.token_ids);
@@ -257,25 +267,8 @@ mod compute {
         let forced = [504u32, 2767, 2730];
         let (a, rows_a) = whole.forced_logits(&prompt, &forced, None).unwrap();
         let (b, rows_b) = chunked.forced_logits(&prompt, &forced, None).unwrap();
-        for (layer, (x, y)) in rows_a.unwrap().iter().zip(&rows_b.unwrap()).enumerate() {
-            let (Some(x), Some(y)) = (x, y) else {
-                assert_eq!(x, y, "layer {layer}");
-                continue;
-            };
-            let same = x.iter().filter(|p| y.binary_search(p).is_ok()).count();
-            assert!(
-                same + 2 >= x.len(),
-                "layer {layer}: {same} of {} rows kept",
-                x.len()
-            );
-        }
-        let diff = a
-            .iter()
-            .flatten()
-            .zip(b.iter().flatten())
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f32, f32::max);
-        assert!(diff < 1e-3, "logits differ by {diff}");
+        assert_same_choice(&rows_a.unwrap(), &rows_b.unwrap());
+        assert_close(&a, &b);
         assert_eq!(run(&mut whole).token_ids, run(&mut chunked).token_ids);
     }
 }
