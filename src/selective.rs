@@ -174,9 +174,7 @@ impl LayerSelector {
     /// a token's top `token_k` by |activation| (ties: larger Σ|a|, then
     /// lower row). Ascending.
     pub fn select(&self, a: &Tensor) -> Result<Vec<usize>> {
-        let mut counts = PromptCounts::default();
-        counts.add(self.counts(a)?)?;
-        self.pick(&counts)
+        self.pick(&self.counts(a)?)
     }
 
     /// Per loaded row of `a [1, seq, n]`: hits and Σ|a| (see
