@@ -426,13 +426,11 @@ impl Steps for EngineSteps<'_> {
 
     fn step(&mut self, token: u32) -> Result<Tensor> {
         let (model, cache, mlps) = (&self.engine.model, &mut self.cache, &self.compact);
-        // Run the step on a rayon worker: its parallel kernels then wake one
-        // other worker each, instead of waking both workers and then this
-        // thread (three context switches per kernel, ~120 kernels a token).
-        rayon::scope(|_| match mlps {
+        // The step's parallel kernels run on `spin_pool`'s threads and this one.
+        match mlps {
             Some(mlps) => model.forward_with_mlps(&[token], cache, mlps),
             None => model.forward(&[token], cache),
-        })
+        }
     }
 }
 

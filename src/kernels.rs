@@ -5,16 +5,18 @@
 //! product, well below the ~30 GB/s the memory delivers (see
 //! `../shared/notes/cpu-perf-facts.md`). These kernels are plain row-dot and
 //! row-axpy loops, vectorised with AVX2/FMA/F16C when the CPU has them, split
-//! over rayon's threads in contiguous row blocks so each thread streams its
-//! own part of the matrix. They are exposed as candle custom ops so the model
-//! code stays in candle tensors; on other devices callers use plain matmul.
+//! over the threads of [`crate::spin_pool`] in contiguous row blocks so each
+//! thread streams its own part of the matrix, in memory order. They are
+//! exposed as candle custom ops so the model code stays in candle tensors; on
+//! other devices callers use plain matmul.
 
+use crate::spin_pool::{DisjointSlice, SpinPool};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape};
 use half::f16;
-use rayon::prelude::*;
 
-/// Rows per rayon task: large enough that scheduling is negligible.
-const MIN_ROWS_PER_TASK: usize = 64;
+/// Smallest block of rows a thread takes at once: a few tens of KiB of
+/// weights, so handing out blocks costs nothing next to reading them.
+const MIN_ROWS_PER_BLOCK: usize = 16;
 
 /// Element types our weight matrices may have on CPU.
 pub trait WeightElem: Copy + Send + Sync + 'static {
@@ -75,47 +77,20 @@ impl WeightElem for f16 {
     }
 }
 
-fn rows_per_task(rows: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    rows.div_ceil(threads * 4).max(MIN_ROWS_PER_TASK)
-}
-
 /// `out[r] = w[r, :] · x` for a row-major `w` of `out.len()` rows.
 pub fn matvec<T: WeightElem>(w: &[T], x: &[f32], out: &mut [f32]) {
     let k = x.len();
     debug_assert_eq!(w.len(), out.len() * k);
-    let chunk = rows_per_task(out.len());
-    out.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| {
-        let base = c * chunk;
-        for (i, oi) in o.iter_mut().enumerate() {
-            let r = base + i;
-            *oi = T::dot(&w[r * k..(r + 1) * k], x);
+    let rows = out.len();
+    let out = DisjointSlice::new(out);
+    SpinPool::global().for_each_block(rows, MIN_ROWS_PER_BLOCK, |_, block| {
+        let w = &w[block.start * k..block.end * k];
+        // SAFETY: the blocks of one call are disjoint.
+        let o = unsafe { out.range(block) };
+        for (oi, row) in o.iter_mut().zip(w.chunks_exact(k)) {
+            *oi = T::dot(row, x);
         }
     });
-}
-
-/// `y = Σ_r a[r] · w[r, :]` for a row-major `w` with `a.len()` rows of `y.len()`.
-pub fn vecmat<T: WeightElem>(a: &[f32], w: &[T], y: &mut [f32]) {
-    let k = y.len();
-    debug_assert_eq!(w.len(), a.len() * k);
-    let threads = rayon::current_num_threads().max(1);
-    let chunk = a.len().div_ceil(threads).max(MIN_ROWS_PER_TASK);
-    let partials: Vec<Vec<f32>> = a
-        .par_chunks(chunk)
-        .enumerate()
-        .map(|(c, ac)| {
-            let mut part = vec![0f32; k];
-            let start = c * chunk * k;
-            T::axpy_rows(ac, &w[start..start + ac.len() * k], &mut part);
-            part
-        })
-        .collect();
-    y.fill(0.0);
-    for p in partials {
-        for (yi, pi) in y.iter_mut().zip(p) {
-            *yi += pi;
-        }
-    }
 }
 
 /// Reads a contiguous CPU tensor's data as a slice of `T`.
@@ -177,41 +152,83 @@ impl CustomOp2 for MatVec {
     }
 }
 
-/// `a [1.., 2N]` holding `[gate | up]` pre-activations, and `down_t [N, H]`
-/// (neurons as rows): computes `silu(gate) * up` and multiplies it by
-/// `down_t` → `[1.., H]`. The SwiGLU half of the MLP in one pass.
-pub struct SwiGluDown;
+/// The whole SwiGLU MLP of one row in one parallel pass: `x [1.., H]`,
+/// `gate_up [2N, H]` (gate rows, then up rows) and `down_t [N, H]` (neurons
+/// as rows) → `down(silu(gate·x) * (up·x))`, `[1.., H]`. Each thread takes
+/// blocks of neurons and, for each block, reads its gate, up and down rows
+/// one after another: no barrier and no activation vector between the
+/// projections, and the activation function runs in parallel too.
+pub struct SwiGluMlp;
 
-impl CustomOp2 for SwiGluDown {
+impl CustomOp3 for SwiGluMlp {
     fn name(&self) -> &'static str {
-        "selectinfer-swiglu-down"
+        "selectinfer-swiglu-mlp"
     }
     fn cpu_fwd(
         &self,
+        xs: &CpuStorage,
+        xl: &Layout,
         gs: &CpuStorage,
         gl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let gu: &[f32] = contiguous(gs, gl, "gate/up activations")?;
-        let (n, h) = wl.shape().dims2()?;
-        if gu.len() != 2 * n {
-            candle_core::bail!("swiglu-down: {} activations for {n} neurons", gu.len());
+        let x: &[f32] = contiguous(xs, xl, "mlp input")?;
+        let (n2, h) = gl.shape().dims2()?;
+        let (n, hd) = dl.shape().dims2()?;
+        if n2 != 2 * n || h != hd || x.len() != h {
+            candle_core::bail!(
+                "swiglu-mlp: input of {} for gate/up {:?} and down {:?}",
+                x.len(),
+                gl.shape(),
+                dl.shape()
+            );
         }
-        let (g, u) = gu.split_at(n);
-        let a: Vec<f32> = g
-            .iter()
-            .zip(u)
-            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-            .collect();
         let mut out = vec![0f32; h];
-        match weight(ws, wl)? {
-            Weight::F32(w) => vecmat(&a, w, &mut out),
-            Weight::F16(w) => vecmat(&a, w, &mut out),
+        match (weight(gs, gl)?, weight(ds, dl)?) {
+            (Weight::F32(gu), Weight::F32(d)) => swiglu_mlp(x, gu, d, &mut out),
+            (Weight::F16(gu), Weight::F16(d)) => swiglu_mlp(x, gu, d, &mut out),
+            _ => candle_core::bail!("swiglu-mlp: gate/up and down have different dtypes"),
         }
-        let mut dims = gl.shape().dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = h;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+}
+
+/// `y = down_t^T · (silu(gate · x) * (up · x))` with `gate_up = [gate; up]`.
+pub fn swiglu_mlp<T: WeightElem>(x: &[f32], gate_up: &[T], down_t: &[T], y: &mut [f32]) {
+    let h = x.len();
+    let n = down_t.len() / h.max(1);
+    debug_assert_eq!(gate_up.len(), 2 * n * h);
+    let (gate, up) = gate_up.split_at(n * h);
+    let pool = SpinPool::global();
+    // One partial output per block, added up in block order: the same
+    // result whichever thread ran which block.
+    let blocks = pool.partition(n, MIN_ROWS_PER_BLOCK).len();
+    let mut partials = vec![0f32; blocks * h];
+    let parts = DisjointSlice::new(&mut partials);
+    pool.for_each_block(n, MIN_ROWS_PER_BLOCK, |index, block| {
+        let span = block.start * h..block.end * h;
+        let mut act: Vec<f32> = gate[span.clone()]
+            .chunks_exact(h)
+            .map(|g| T::dot(g, x))
+            .collect();
+        for (a, u) in act.iter_mut().zip(up[span.clone()].chunks_exact(h)) {
+            *a = *a / (1.0 + (-*a).exp()) * T::dot(u, x);
+        }
+        // SAFETY: one partial per block; the blocks of one call are distinct.
+        let part = unsafe { parts.range(index * h..(index + 1) * h) };
+        T::axpy_rows(&act, &down_t[span], part);
+    });
+    sum_rows(&partials, y);
+}
+
+/// `y = Σ` of the rows of `partials` (rows of `y.len()`).
+fn sum_rows(partials: &[f32], y: &mut [f32]) {
+    y.fill(0.0);
+    for p in partials.chunks(y.len()) {
+        for (yi, pi) in y.iter_mut().zip(p) {
+            *yi += pi;
+        }
     }
 }
 
@@ -531,51 +548,39 @@ mod simd {
         s
     }
 
-    /// Shared body of the axpy kernels: four rows per pass over `y`.
+    /// Shared body of the axpy kernels: one row at a time, so the weights
+    /// are read strictly in memory order. (Four rows per pass over `y` saves
+    /// loads and stores of `y`, which sits in L1, but interleaves four
+    /// streams within a few KiB; on our Zen 3 VMs that streamed 16–19 GB/s
+    /// from memory with two threads instead of 25–27.)
     macro_rules! axpy_rows_body {
         ($a:expr, $w:expr, $y:expr, $load:ident, $scalar:expr) => {{
             let (a, w, y) = ($a, $w, $y);
             let k = y.len();
-            let rows = a.len();
             let wp = w.as_ptr();
             let yp = y.as_mut_ptr();
-            let mut r = 0;
-            while r + 4 <= rows {
-                let (a0, a1, a2, a3) = (
-                    _mm256_set1_ps(a[r]),
-                    _mm256_set1_ps(a[r + 1]),
-                    _mm256_set1_ps(a[r + 2]),
-                    _mm256_set1_ps(a[r + 3]),
-                );
-                let (w0, w1, w2, w3) = (
-                    wp.add(r * k),
-                    wp.add((r + 1) * k),
-                    wp.add((r + 2) * k),
-                    wp.add((r + 3) * k),
-                );
+            for (r, &ar) in a.iter().enumerate() {
+                let av = _mm256_set1_ps(ar);
+                let row = wp.add(r * k);
                 let mut c = 0;
+                while c + 32 <= k {
+                    for j in 0..4 {
+                        let o = c + 8 * j;
+                        let acc =
+                            _mm256_fmadd_ps(av, $load(row.add(o)), _mm256_loadu_ps(yp.add(o)));
+                        _mm256_storeu_ps(yp.add(o), acc);
+                    }
+                    c += 32;
+                }
                 while c + 8 <= k {
-                    let mut acc = _mm256_loadu_ps(yp.add(c));
-                    acc = _mm256_fmadd_ps(a0, $load(w0.add(c)), acc);
-                    acc = _mm256_fmadd_ps(a1, $load(w1.add(c)), acc);
-                    acc = _mm256_fmadd_ps(a2, $load(w2.add(c)), acc);
-                    acc = _mm256_fmadd_ps(a3, $load(w3.add(c)), acc);
+                    let acc = _mm256_fmadd_ps(av, $load(row.add(c)), _mm256_loadu_ps(yp.add(c)));
                     _mm256_storeu_ps(yp.add(c), acc);
                     c += 8;
                 }
                 while c < k {
-                    for j in 0..4 {
-                        *yp.add(c) += a[r + j] * $scalar(w[(r + j) * k + c]);
-                    }
+                    *yp.add(c) += ar * $scalar(w[r * k + c]);
                     c += 1;
                 }
-                r += 4;
-            }
-            while r < rows {
-                for c in 0..k {
-                    *yp.add(c) += a[r] * $scalar(w[r * k + c]);
-                }
-                r += 1;
             }
         }};
     }
@@ -633,16 +638,20 @@ mod tests {
     }
 
     #[test]
-    fn vecmat_matches_reference_for_odd_shapes() {
-        for &(r, k) in &[(1, 1), (5, 9), (131, 67), (1000, 576)] {
-            let (w, a) = (data(r * k, 3), data(r, 4));
-            let mut y = vec![0.0; k];
-            vecmat(&a, &w, &mut y);
-            for c in 0..k {
-                let want: f32 = (0..r).map(|i| a[i] * w[i * k + c]).sum();
+    fn swiglu_mlp_matches_reference_for_odd_shapes() {
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        for &(n, h) in &[(1, 1), (5, 9), (131, 67), (1000, 576)] {
+            let (gu, d, x) = (data(2 * n * h, 3), data(n * h, 4), data(h, 5));
+            let mut y = vec![0.0; h];
+            swiglu_mlp(&x, &gu, &d, &mut y);
+            let g = reference_matvec(&gu[..n * h], &x);
+            let u = reference_matvec(&gu[n * h..], &x);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+            for c in 0..h {
+                let want: f32 = (0..n).map(|i| act[i] * d[i * h + c]).sum();
                 assert!(
-                    (y[c] - want).abs() < 1e-2,
-                    "{r}x{k} col {c}: {} vs {want}",
+                    (y[c] - want).abs() < 1e-2 * (1.0 + want.abs()),
+                    "{n}x{h} col {c}: {} vs {want}",
                     y[c]
                 );
             }

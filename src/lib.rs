@@ -29,6 +29,7 @@ pub mod rowread;
 pub mod selective;
 pub mod server;
 pub mod spec;
+pub mod spin_pool;
 pub mod synth;
 pub mod sysinfo;
 pub mod text;

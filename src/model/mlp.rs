@@ -16,7 +16,7 @@
 //! [`Mlp::front`], a zero-copy view of the front rows, and the next prompt's
 //! prefill still computes every held neuron from the same tensors.
 
-use crate::kernels::SwiGluDown;
+use crate::kernels::SwiGluMlp;
 use crate::model::linear::{is_single_row, Linear};
 use crate::rowread::RowSource;
 use anyhow::{Context, Result};
@@ -293,8 +293,8 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if is_single_row(x) && x.device().is_cpu() && self.order.is_none() {
-            let gu = self.gate_up.forward(x)?;
-            return Ok(gu.apply_op2_no_bwd(&self.down_t, &SwiGluDown)?);
+            let x = x.contiguous()?;
+            return Ok(x.apply_op3_no_bwd(self.gate_up.weight(), &self.down_t, &SwiGluMlp)?);
         }
         self.down(&self.activations(x)?)
     }
