@@ -349,33 +349,36 @@ impl CustomOp3 for DecodeAttention {
         }
         let group = self.heads / self.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
+        let (ks, vs) = (kl.stride(), vl.stride());
         let mut out = vec![0f32; self.heads * hd];
-        let mut scores = vec![0f32; t];
-        for h in 0..self.heads {
-            let kvh = h / group;
-            let qh = &q[h * hd..(h + 1) * hd];
-            let kbase = kl.start_offset() + kvh * kl.stride()[1];
-            let vbase = vl.start_offset() + kvh * vl.stride()[1];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                let row = &k[kbase + j * kl.stride()[2]..][..hd];
-                *s = <f32 as WeightElem>::dot(row, qh) * scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let o = &mut out[h * hd..(h + 1) * hd];
-            for (j, s) in scores.iter().enumerate() {
-                let p = s / sum;
-                let row = &v[vbase + j * vl.stride()[2]..][..hd];
-                for (oi, vi) in o.iter_mut().zip(row) {
-                    *oi += p * vi;
+        let heads_out = DisjointSlice::new(&mut out);
+        // Heads are independent: blocks of heads go to the decode threads.
+        SpinPool::global().for_each_block(self.heads, 1, |_, heads| {
+            let mut scores = vec![0f32; t];
+            for h in heads {
+                let kvh = h / group;
+                let qh = &q[h * hd..(h + 1) * hd];
+                let kbase = kl.start_offset() + kvh * ks[1];
+                let vbase = vl.start_offset() + kvh * vs[1];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let row = &k[kbase + j * ks[2]..][..hd];
+                    *s = <f32 as WeightElem>::dot(row, qh) * scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                // SAFETY: each head is in exactly one block.
+                let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
+                for (j, s) in scores.iter().enumerate() {
+                    let row = &v[vbase + j * vs[2]..][..hd];
+                    <f32 as WeightElem>::axpy_rows(&[s / sum], row, o);
                 }
             }
-        }
+        });
         Ok((CpuStorage::F32(out), Shape::from((1, 1, self.heads * hd))))
     }
 }
