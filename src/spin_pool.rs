@@ -42,7 +42,7 @@ struct Shared {
     parked: AtomicUsize,
     /// Set while a caller owns the pool.
     busy: AtomicBool,
-    /// Set when a task panicked on a helper.
+    /// Set when a block panicked on a helper.
     panicked: AtomicBool,
     job: UnsafeCell<Option<JobRef>>,
     lock: Mutex<()>,
@@ -55,7 +55,8 @@ struct Shared {
 // every helper has decremented `running`.
 unsafe impl Sync for Shared {}
 
-/// The pool: `helpers` threads plus whichever thread calls [`SpinPool::run`].
+/// The pool: `helpers` threads plus whichever thread calls
+/// [`SpinPool::for_each_block`].
 pub struct SpinPool {
     shared: &'static Shared,
     helpers: usize,
@@ -105,9 +106,9 @@ impl SpinPool {
     /// largest first (guided scheduling: an even share of what is left, at
     /// least `min_block`), so the threads start on long runs of memory and
     /// finish together on short ones. (A quarter of what is left, with more
-    /// and shorter blocks, streamed ~10% slower in SmolLM2 f16 decode.) Depends only on `n`, `min_block` and
-    /// the number of threads, so sums over blocks added up in block order are
-    /// the same from run to run.
+    /// and shorter blocks, streamed ~10% slower in SmolLM2 f16 decode.)
+    /// Depends only on `n`, `min_block` and the number of threads, so sums
+    /// over blocks added up in block order are the same from run to run.
     pub fn partition(&self, n: usize, min_block: usize) -> Vec<Range<usize>> {
         let share = self.threads();
         let mut blocks = Vec::new();
@@ -184,7 +185,7 @@ impl SpinPool {
         work();
         drop(finish);
         if s.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a decode kernel task panicked on a helper thread");
+            panic!("a decode kernel block panicked on a helper thread");
         }
     }
 }
