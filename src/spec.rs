@@ -4,7 +4,7 @@
 
 use crate::convert::WeightDtype;
 use crate::generate::Engine;
-use crate::model::LoadOptions;
+use crate::model::{LoadOptions, DEFAULT_PREFILL_CHUNK};
 use crate::plan::SelectionParams;
 use crate::selective::{Method, Mode};
 use anyhow::{bail, Result};
@@ -28,6 +28,14 @@ pub struct EngineSpec {
     pub params: SelectionParams,
     /// Seed of the `random-load` subset.
     pub plan_seed: u64,
+    /// Prompt tokens per forward pass; longer prompts are prefilled in
+    /// chunks (lower peak memory, a little more time per chunk).
+    #[serde(default = "default_prefill_chunk")]
+    pub prefill_chunk: usize,
+}
+
+fn default_prefill_chunk() -> usize {
+    DEFAULT_PREFILL_CHUNK
 }
 
 impl Default for EngineSpec {
@@ -47,6 +55,7 @@ impl Default for EngineSpec {
                 task: "qa".into(),
             },
             plan_seed: 0,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -144,11 +153,16 @@ impl EngineSpec {
     /// Checks the model folder, device and parameters, then loads.
     pub fn load(&self) -> Result<Engine> {
         self.check_model_folder()?;
-        let opts = LoadOptions {
+        Engine::load_with_method(&self.model, &self.load_options()?, self.method()?)
+    }
+
+    /// The load options these settings give (dtype, device, prefill chunk).
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
             dtype: self.dtype.dtype(),
             device: parse_device(&self.device)?,
+            prefill_chunk: self.prefill_chunk,
             ..Default::default()
-        };
-        Engine::load_with_method(&self.model, &opts, self.method()?)
+        })
     }
 }

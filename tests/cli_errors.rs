@@ -133,6 +133,28 @@ fn bad_generation_options() {
         &["temperature"],
     );
     assert_clean_error(&generate(&model, "hi", &["--top-p", "0"]), &["top_p"]);
+    assert_clean_error(
+        &generate(&model, "hi", &["--prefill-chunk", "0"]),
+        &["prefill_chunk"],
+    );
+}
+
+#[test]
+fn a_prompt_prefilled_in_chunks_gives_the_same_answer() {
+    let model = common::model_dir("smollm2-135m-instruct");
+    let prompt = "List three things a mobile robot checks before it moves.";
+    let args = ["--max-new-tokens", "12"];
+    let one_pass = generate(&model, prompt, &args);
+    let chunked = generate(
+        &model,
+        prompt,
+        &[&args[..], &["--prefill-chunk", "5"]].concat(),
+    );
+    assert!(one_pass.status.success() && chunked.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&one_pass.stdout),
+        String::from_utf8_lossy(&chunked.stdout)
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use selectinfer::model::LoadOptions;
 use selectinfer::plan::SelectionParams;
 use selectinfer::prepare;
 use selectinfer::selective::Mode;
-use selectinfer::spec::{self, EngineSpec};
+use selectinfer::spec::EngineSpec;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +37,10 @@ struct ModelArgs {
     /// `cpu` or `cuda:N` (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Prompt tokens per forward pass: longer prompts are prefilled in chunks
+    /// of this many (lower it to cap peak memory on long prompts).
+    #[arg(long, default_value_t = selectinfer::model::DEFAULT_PREFILL_CHUNK)]
+    prefill_chunk: usize,
     #[command(flatten)]
     method: MethodArgs,
 }
@@ -92,15 +96,12 @@ impl ModelArgs {
                 task: m.task.clone(),
             },
             plan_seed: m.plan_seed,
+            prefill_chunk: self.prefill_chunk,
         }
     }
 
     fn load_options(&self) -> Result<LoadOptions> {
-        Ok(LoadOptions {
-            dtype: self.dtype.dtype(),
-            device: spec::parse_device(&self.device)?,
-            ..Default::default()
-        })
+        self.spec().load_options()
     }
 
     fn load(&self) -> Result<Engine> {

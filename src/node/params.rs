@@ -56,6 +56,10 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ),
     ("device", "cpu | cuda:N (load-time)"),
     (
+        "prefill_chunk",
+        "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
+    ),
+    (
         "max_new_tokens",
         "default new-token limit of a request (runtime)",
     ),
@@ -244,6 +248,7 @@ impl NodeParams {
                 })?;
             }
             "device" => e.device = string(name, v)?,
+            "prefill_chunk" => e.prefill_chunk = positive_usize(name, v)?,
             "max_new_tokens" => self.runtime.max_new_tokens = positive_usize(name, v)?,
             "temperature" => self.runtime.sampling.temperature = float(name, v)?,
             "top_p" => self.runtime.sampling.top_p = float(name, v)?,
@@ -298,6 +303,7 @@ impl NodeParams {
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(format!("{:?}", e.dtype).to_lowercase()),
             "device" => ParameterValue::String(e.device.clone()),
+            "prefill_chunk" => ParameterValue::Integer(e.prefill_chunk as i64),
             "max_new_tokens" => ParameterValue::Integer(r.max_new_tokens as i64),
             "temperature" => ParameterValue::Double(r.sampling.temperature),
             "top_p" => ParameterValue::Double(r.sampling.top_p),

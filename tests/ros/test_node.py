@@ -260,6 +260,8 @@ def test_startup_refuses_bad_configuration(tmp_path):
     assert code == 2 and "compute_ratio" in log, log
     code, log = _startup_fails(tmp_path, "mode:=fastest")
     assert code == 2 and "mode" in log, log
+    code, log = _startup_fails(tmp_path, "prefill_chunk:=0")
+    assert code == 2 and "prefill_chunk" in log, log
     code, log = _startup_fails(tmp_path, "no_such_parameter:=1")
     assert code == 2 and "unknown parameter" in log, log
     assert "panicked" not in log
