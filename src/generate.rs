@@ -407,7 +407,8 @@ struct EngineSteps<'a> {
 impl Steps for EngineSteps<'_> {
     fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor> {
         let (engine, cache) = (&*self.engine, &mut self.cache);
-        // On a rayon worker, like the decode steps.
+        // On a rayon worker: candle's prefill matmuls split over rayon's
+        // threads, and this one then works on them instead of sleeping.
         let (logits, chosen) = rayon::scope(|_| engine.prefill(prompt, cache))?;
         self.chosen = chosen;
         Ok(logits)

@@ -204,10 +204,10 @@ pub fn swiglu_mlp<T: WeightElem>(x: &[f32], gate_up: &[T], down_t: &[T], y: &mut
     let pool = SpinPool::global();
     // One partial output per block, added up in block order: the same
     // result whichever thread ran which block.
-    let blocks = pool.partition(n, MIN_ROWS_PER_BLOCK).len();
-    let mut partials = vec![0f32; blocks * h];
+    let blocks = pool.partition(n, MIN_ROWS_PER_BLOCK);
+    let mut partials = vec![0f32; blocks.len() * h];
     let parts = DisjointSlice::new(&mut partials);
-    pool.for_each_block(n, MIN_ROWS_PER_BLOCK, |index, block| {
+    pool.run_blocks(&blocks, |index, block| {
         let span = block.start * h..block.end * h;
         let mut act: Vec<f32> = gate[span.clone()]
             .chunks_exact(h)

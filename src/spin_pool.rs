@@ -132,7 +132,12 @@ impl SpinPool {
         min_block: usize,
         body: impl Fn(usize, Range<usize>) + Sync,
     ) {
-        let blocks = self.partition(n, min_block);
+        self.run_blocks(&self.partition(n, min_block), body);
+    }
+
+    /// [`SpinPool::for_each_block`] over blocks the caller already has from
+    /// [`SpinPool::partition`] (to size a buffer per block, say).
+    pub fn run_blocks(&self, blocks: &[Range<usize>], body: impl Fn(usize, Range<usize>) + Sync) {
         let next = AtomicUsize::new(0);
         let work = || loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
