@@ -6,12 +6,14 @@
 //! `../shared/notes/cpu-perf-facts.md`). These kernels are plain row-dot and
 //! row-axpy loops, vectorised with AVX2/FMA/F16C when the CPU has them, split
 //! over the threads of [`crate::spin_pool`] in contiguous row blocks so each
-//! thread streams its own part of the matrix, in memory order. They are
-//! exposed as candle custom ops so the model code stays in candle tensors; on
-//! other devices callers use plain matmul.
+//! thread streams its own part of the matrix, in memory order. They work on
+//! raw slices: the model's CPU decode step (`Model::decode_cpu`) runs a whole
+//! token on plain buffers, reading weights through [`with_weight`], so no
+//! candle op (allocation, dispatch) sits between two kernels while the other
+//! threads wait. Other devices use candle's ops.
 
 use crate::spin_pool::{DisjointSlice, SpinPool};
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape};
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
 use half::f16;
 
 /// Smallest block of rows a thread takes at once: 64 rows are 72–230 KiB of
@@ -94,108 +96,91 @@ pub fn matvec<T: WeightElem>(w: &[T], x: &[f32], out: &mut [f32]) {
     });
 }
 
-/// Reads a contiguous CPU tensor's data as a slice of `T`.
-fn contiguous<'a, T: candle_core::WithDType>(
-    s: &'a CpuStorage,
-    l: &Layout,
-    what: &str,
-) -> Result<&'a [T]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&s.as_slice::<T>()?[a..b]),
-        None => candle_core::bail!("{what} must be contiguous"),
-    }
-}
-
-/// A weight matrix's data, by dtype.
-enum Weight<'a> {
+/// A CPU weight matrix's data, by dtype.
+pub enum Weight<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
 }
 
-fn weight<'a>(s: &'a CpuStorage, l: &Layout) -> Result<Weight<'a>> {
-    match s {
-        CpuStorage::F32(_) => Ok(Weight::F32(contiguous(s, l, "weight")?)),
-        CpuStorage::F16(_) => Ok(Weight::F16(contiguous(s, l, "weight")?)),
-        _ => candle_core::bail!("decode kernels support f32/f16 weights only"),
+impl Weight<'_> {
+    /// `out = self · x` ([`matvec`]).
+    pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
+        match self {
+            Weight::F32(w) => matvec(w, x, out),
+            Weight::F16(w) => matvec(w, x, out),
+        }
     }
 }
 
-/// `x [1.., K] (f32) × w [N, K]^T → [1.., N] (f32)`: the decode-time linear layer.
-pub struct MatVec;
-
-impl CustomOp2 for MatVec {
-    fn name(&self) -> &'static str {
-        "selectinfer-matvec"
-    }
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x: &[f32] = contiguous(xs, xl, "matvec input")?;
-        let (n, k) = wl.shape().dims2()?;
-        if x.len() != k {
-            candle_core::bail!(
-                "matvec: input has {} elements, weight is [{n}, {k}]",
-                x.len()
-            );
-        }
-        let mut out = vec![0f32; n];
-        match weight(ws, wl)? {
-            Weight::F32(w) => matvec(w, x, &mut out),
-            Weight::F16(w) => matvec(w, x, &mut out),
-        }
-        let mut dims = xl.shape().dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = n;
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+/// Runs `f` on the data of a CPU tensor of f32 values, with its layout
+/// (views such as a KV cache's filled part are strided).
+pub fn with_f32_layout<R>(t: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => f(v, layout),
+        _ => candle_core::bail!(
+            "expected an f32 CPU tensor, found {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        ),
     }
 }
 
-/// The whole SwiGLU MLP of one row in one parallel pass: `x [1.., H]`,
-/// `gate_up [2N, H]` (gate rows, then up rows) and `down_t [N, H]` (neurons
-/// as rows) → `down(silu(gate·x) * (up·x))`, `[1.., H]`. Each thread takes
-/// blocks of neurons and, for each block, reads its gate, up and down rows
-/// one after another: no barrier and no activation vector between the
-/// projections, and the activation function runs in parallel too.
-pub struct SwiGluMlp;
+/// Runs `f` on the data of a contiguous f32 CPU tensor.
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    with_f32_layout(t, |v, l| match l.contiguous_offsets() {
+        Some((a, b)) => f(&v[a..b]),
+        None => candle_core::bail!("expected a contiguous tensor"),
+    })
+}
 
-impl CustomOp3 for SwiGluMlp {
-    fn name(&self) -> &'static str {
-        "selectinfer-swiglu-mlp"
+/// Runs `f` on the data of a contiguous f32 or f16 CPU tensor (a weight).
+pub fn with_weight<R>(t: &Tensor, f: impl FnOnce(Weight<'_>) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Some((a, b)) = layout.contiguous_offsets() else {
+        candle_core::bail!("weight must be contiguous");
+    };
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => f(Weight::F32(&v[a..b])),
+        Storage::Cpu(CpuStorage::F16(v)) => f(Weight::F16(&v[a..b])),
+        _ => candle_core::bail!(
+            "decode kernels take f32/f16 CPU weights, not {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        ),
     }
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-        ds: &CpuStorage,
-        dl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x: &[f32] = contiguous(xs, xl, "mlp input")?;
-        let (n2, h) = gl.shape().dims2()?;
-        let (n, hd) = dl.shape().dims2()?;
-        if n2 != 2 * n || h != hd || x.len() != h {
-            candle_core::bail!(
-                "swiglu-mlp: input of {} for gate/up {:?} and down {:?}",
-                x.len(),
-                gl.shape(),
-                dl.shape()
-            );
-        }
-        let mut out = vec![0f32; h];
-        match (weight(gs, gl)?, weight(ds, dl)?) {
-            (Weight::F32(gu), Weight::F32(d)) => swiglu_mlp(x, gu, d, &mut out),
-            (Weight::F16(gu), Weight::F16(d)) => swiglu_mlp(x, gu, d, &mut out),
-            _ => candle_core::bail!("swiglu-mlp: gate/up and down have different dtypes"),
-        }
-        Ok((CpuStorage::F32(out), xl.shape().clone()))
+}
+
+/// The whole SwiGLU MLP of one row in one parallel pass for `gate_up [2N, H]`
+/// (gate rows, then up rows) and `down_t [N, H]` (neurons as rows) of the
+/// same dtype: `y = down(silu(gate·x) * (up·x))`.
+pub fn swiglu_mlp_weights(
+    x: &[f32],
+    gate_up: &Weight,
+    down_t: &Weight,
+    y: &mut [f32],
+) -> Result<()> {
+    let h = x.len();
+    let (rows, n) = match (gate_up, down_t) {
+        (Weight::F32(g), Weight::F32(d)) => (g.len(), d.len()),
+        (Weight::F16(g), Weight::F16(d)) => (g.len(), d.len()),
+        _ => candle_core::bail!("swiglu-mlp: gate/up and down have different dtypes"),
+    };
+    if y.len() != h || rows != 2 * n || !n.is_multiple_of(h.max(1)) {
+        candle_core::bail!("swiglu-mlp: input of {h} for {rows} gate/up and {n} down weights");
     }
+    match (gate_up, down_t) {
+        (Weight::F32(g), Weight::F32(d)) => swiglu_mlp(x, g, d, y),
+        (Weight::F16(g), Weight::F16(d)) => swiglu_mlp(x, g, d, y),
+        _ => unreachable!("dtypes checked above"),
+    }
+    Ok(())
 }
 
 /// `y = down_t^T · (silu(gate · x) * (up · x))` with `gate_up = [gate; up]`.
+/// Each thread takes blocks of neurons and, for each block, reads its gate,
+/// up and down rows one after another: no barrier and no activation vector
+/// between the projections, and the activation function runs in parallel.
 pub fn swiglu_mlp<T: WeightElem>(x: &[f32], gate_up: &[T], down_t: &[T], y: &mut [f32]) {
     let h = x.len();
     let n = down_t.len() / h.max(1);
@@ -233,162 +218,94 @@ fn sum_rows(partials: &[f32], y: &mut [f32]) {
     }
 }
 
-/// RMSNorm of a single row: `x / rms(x) * weight`, without thread dispatch.
-pub struct RmsNormRow {
-    pub eps: f32,
+/// RMSNorm of a single row: `out = x / rms(x) * weight`.
+pub fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ms + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
 }
 
-impl CustomOp2 for RmsNormRow {
-    fn name(&self) -> &'static str {
-        "selectinfer-rmsnorm-row"
-    }
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x: &[f32] = contiguous(xs, xl, "rmsnorm input")?;
-        let w: &[f32] = contiguous(ws, wl, "rmsnorm weight")?;
-        if x.len() != w.len() {
-            candle_core::bail!("rmsnorm: row of {} for weight of {}", x.len(), w.len());
+/// Rotates, in place, the first `heads` heads of `x` (HF "rotate half"
+/// layout) by one position's `cos`/`sin` rows (`head_dim / 2` each).
+pub fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], head_dim: usize, heads: usize) {
+    let half = head_dim / 2;
+    for head in x[..heads * head_dim].chunks_exact_mut(head_dim) {
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half {
+            let (x1, x2) = (a[i], b[i]);
+            a[i] = x1 * cos[i] - x2 * sin[i];
+            b[i] = x2 * cos[i] + x1 * sin[i];
         }
-        let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-        let inv = 1.0 / (ms + self.eps).sqrt();
-        let out = x.iter().zip(w).map(|(v, w)| v * inv * w).collect();
-        Ok((CpuStorage::F32(out), xl.shape().clone()))
     }
 }
 
-/// Rotates the first `rotated_heads` heads of a single row of fused q/k/v
-/// activations (HF "rotate half" layout) at position `pos`, given the cos/sin
-/// tables `[positions, head_dim / 2]`. The remaining (v) heads are copied.
-pub struct RopeRow {
-    pub pos: usize,
-    pub head_dim: usize,
-    pub rotated_heads: usize,
-}
-
-impl CustomOp3 for RopeRow {
-    fn name(&self) -> &'static str {
-        "selectinfer-rope-row"
-    }
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        cs: &CpuStorage,
-        cl: &Layout,
-        ss: &CpuStorage,
-        sl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x: &[f32] = contiguous(xs, xl, "rope input")?;
-        let cos: &[f32] = contiguous(cs, cl, "rope cos")?;
-        let sin: &[f32] = contiguous(ss, sl, "rope sin")?;
-        let half = self.head_dim / 2;
-        if (self.pos + 1) * half > cos.len() || self.rotated_heads * self.head_dim > x.len() {
-            candle_core::bail!("rope: position {} or heads out of range", self.pos);
-        }
-        let (cos, sin) = (
-            &cos[self.pos * half..][..half],
-            &sin[self.pos * half..][..half],
+/// Attention of one query token over the cached keys/values: `q` of
+/// `heads × head_dim`; `k`, `v` the storage of `[1, kv_heads, T, head_dim]`
+/// tensors laid out by `kl`, `vl` (any strides with a contiguous last dim).
+/// Returns `heads × head_dim` values. Grouped-query: query head `h` uses kv
+/// head `h / (heads / kv_heads)`. Heads are split over the decode threads.
+pub fn decode_attention(
+    q: &[f32],
+    (k, kl): (&[f32], &Layout),
+    (v, vl): (&[f32], &Layout),
+    heads: usize,
+) -> Result<Vec<f32>> {
+    let (_, kv_heads, t, hd) = kl.shape().dims4()?;
+    if vl.shape() != kl.shape()
+        || q.len() != heads * hd
+        || kv_heads == 0
+        || !heads.is_multiple_of(kv_heads)
+    {
+        candle_core::bail!(
+            "decode attention: inconsistent shapes q {} ({heads} heads) k {:?} v {:?}",
+            q.len(),
+            kl.shape(),
+            vl.shape()
         );
-        let mut out = x.to_vec();
-        for head in out[..self.rotated_heads * self.head_dim].chunks_exact_mut(self.head_dim) {
-            let (a, b) = head.split_at_mut(half);
-            for i in 0..half {
-                let (x1, x2) = (a[i], b[i]);
-                a[i] = x1 * cos[i] - x2 * sin[i];
-                b[i] = x2 * cos[i] + x1 * sin[i];
+    }
+    if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
+        candle_core::bail!("decode attention: k/v rows must be contiguous");
+    }
+    let group = heads / kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (ks, vs) = (kl.stride(), vl.stride());
+    let mut out = vec![0f32; heads * hd];
+    let heads_out = DisjointSlice::new(&mut out);
+    SpinPool::global().for_each_block(heads, 1, |_, block| {
+        let mut scores = vec![0f32; t];
+        for h in block {
+            let kvh = h / group;
+            let qh = &q[h * hd..(h + 1) * hd];
+            let kbase = kl.start_offset() + kvh * ks[1];
+            let vbase = vl.start_offset() + kvh * vs[1];
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in scores.iter_mut().enumerate() {
+                let row = &k[kbase + j * ks[2]..][..hd];
+                *s = <f32 as WeightElem>::dot(row, qh) * scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            // SAFETY: each head is in exactly one block.
+            let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
+            for (j, s) in scores.iter().enumerate() {
+                let row = &v[vbase + j * vs[2]..][..hd];
+                <f32 as WeightElem>::axpy_rows(&[s / sum], row, o);
             }
         }
-        Ok((CpuStorage::F32(out), xl.shape().clone()))
-    }
-}
-
-/// Attention of one query token over the cached keys/values:
-/// `q [heads * head_dim]`, `k`, `v` `[1, kv_heads, T, head_dim]` (any strides
-/// with a contiguous last dim) → `[1, 1, heads * head_dim]`. Grouped-query:
-/// query head `h` uses kv head `h / (heads / kv_heads)`.
-pub struct DecodeAttention {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl CustomOp3 for DecodeAttention {
-    fn name(&self) -> &'static str {
-        "selectinfer-decode-attention"
-    }
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let q: &[f32] = contiguous(qs, ql, "attention query")?;
-        let (k, v) = (ks.as_slice::<f32>()?, vs.as_slice::<f32>()?);
-        let (_, nkv, t, hd) = kl.shape().dims4()?;
-        if nkv != self.kv_heads
-            || hd != self.head_dim
-            || vl.shape() != kl.shape()
-            || q.len() != self.heads * hd
-        {
-            candle_core::bail!(
-                "decode attention: inconsistent shapes q {} k {:?} v {:?}",
-                q.len(),
-                kl.shape(),
-                vl.shape()
-            );
-        }
-        if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
-            candle_core::bail!("decode attention: k/v rows must be contiguous");
-        }
-        let group = self.heads / self.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (ks, vs) = (kl.stride(), vl.stride());
-        let mut out = vec![0f32; self.heads * hd];
-        let heads_out = DisjointSlice::new(&mut out);
-        // Heads are independent: blocks of heads go to the decode threads.
-        SpinPool::global().for_each_block(self.heads, 1, |_, heads| {
-            let mut scores = vec![0f32; t];
-            for h in heads {
-                let kvh = h / group;
-                let qh = &q[h * hd..(h + 1) * hd];
-                let kbase = kl.start_offset() + kvh * ks[1];
-                let vbase = vl.start_offset() + kvh * vs[1];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let row = &k[kbase + j * ks[2]..][..hd];
-                    *s = <f32 as WeightElem>::dot(row, qh) * scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                // SAFETY: each head is in exactly one block.
-                let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
-                for (j, s) in scores.iter().enumerate() {
-                    let row = &v[vbase + j * vs[2]..][..hd];
-                    <f32 as WeightElem>::axpy_rows(&[s / sum], row, o);
-                }
-            }
-        });
-        Ok((CpuStorage::F32(out), Shape::from((1, 1, self.heads * hd))))
-    }
+    });
+    Ok(out)
 }
 
 /// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
 /// plain row-by-row memcpy (candle's `index_select` goes element by element
 /// and is ~10x slower); elsewhere it is `index_select`.
-pub fn gather_rows(t: &candle_core::Tensor, rows: &[u32]) -> Result<candle_core::Tensor> {
-    use candle_core::{Storage, Tensor};
+pub fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
     let (n, k) = t.dims2()?;
     if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
         candle_core::bail!("gather_rows: row {bad} out of range ({n} rows)");
@@ -486,6 +403,20 @@ mod simd {
         _mm_cvtss_f32(s)
     }
 
+    /// How far ahead of the loads the dot kernels ask for the weights. The
+    /// hardware prefetcher alone kept two threads ~5% below this in
+    /// `examples/kernel_speed.rs` (f16; best of interleaved rounds), as
+    /// the f16 loop's extra conversions leave fewer lines in flight.
+    const PREFETCH_BYTES: usize = 1024;
+
+    /// Asks for the cache line `ahead` bytes past `p` (a hint: never faults,
+    /// also past the end of the weights).
+    #[inline]
+    #[target_feature(enable = "sse")]
+    unsafe fn prefetch<T>(p: *const T, ahead: usize) {
+        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(ahead));
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_f16(p: *const f16) -> __m256 {
@@ -499,6 +430,9 @@ mod simd {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
+            // 32 f32 are two cache lines.
+            prefetch(wp.add(i), PREFETCH_BYTES);
+            prefetch(wp.add(i + 16), PREFETCH_BYTES);
             for (j, a) in acc.iter_mut().enumerate() {
                 let o = i + 8 * j;
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
@@ -531,6 +465,7 @@ mod simd {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
+            prefetch(wp.add(i), PREFETCH_BYTES);
             for (j, a) in acc.iter_mut().enumerate() {
                 let o = i + 8 * j;
                 *a = _mm256_fmadd_ps(load_f16(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);

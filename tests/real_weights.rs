@@ -112,3 +112,60 @@ fn chat_prompt_answers_sensibly() {
     );
     assert_eq!(out.stop_reason, selectinfer::generate::StopReason::Eos);
 }
+
+/// The CPU decode step runs a token on plain buffers (`Model::decode_cpu`,
+/// the kernels with no candle op between them); a forward pass with an
+/// observer takes the general path through candle's ops. On the real
+/// weights both give the same logits step after step through their own KV
+/// caches: up to summation order in f32; in f16 the general path also rounds
+/// the activations to f16 inside each matmul (seen: 0.16 logits apart).
+#[test]
+fn decode_on_plain_buffers_matches_the_tensor_path() {
+    use selectinfer::model::Model;
+    let dir = common::model_dir("smollm2-135m-instruct");
+    for (dtype, tolerance) in [
+        (candle_core::DType::F32, 2e-3),
+        (candle_core::DType::F16, 0.5),
+    ] {
+        let model = Model::from_dir(
+            &dir,
+            &LoadOptions {
+                dtype,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let vocab = model.config().vocab_size as u32;
+        let prompt: Vec<u32> = (0..12).map(|i| (i * 977 + 31) % vocab).collect();
+        let (mut plain, mut general) = (model.new_cache(), model.new_cache());
+        let mut logits = model.forward(&prompt, &mut plain).unwrap();
+        model.forward(&prompt, &mut general).unwrap();
+        for step in 0..8 {
+            let next = logits.argmax(0).unwrap().to_scalar::<u32>().unwrap();
+            logits = model.forward(&[next], &mut plain).unwrap();
+            let reference = model
+                .forward_observed(&[next], &mut general, &mut |_, _| Ok(()))
+                .unwrap();
+            let (a, b) = (
+                logits.to_vec1::<f32>().unwrap(),
+                reference.to_vec1::<f32>().unwrap(),
+            );
+            let diff = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                diff <= tolerance,
+                "{dtype:?} step {step}: plain-buffer logits differ by {diff} (> {tolerance})"
+            );
+            if dtype == candle_core::DType::F32 {
+                assert_eq!(
+                    logits.argmax(0).unwrap().to_scalar::<u32>().unwrap(),
+                    reference.argmax(0).unwrap().to_scalar::<u32>().unwrap(),
+                    "step {step}: different next token"
+                );
+            }
+        }
+    }
+}

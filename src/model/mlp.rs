@@ -16,7 +16,6 @@
 //! [`Mlp::front`], a zero-copy view of the front rows, and the next prompt's
 //! prefill still computes every held neuron from the same tensors.
 
-use crate::kernels::SwiGluMlp;
 use crate::model::linear::{is_single_row, Linear};
 use crate::rowread::RowSource;
 use anyhow::{Context, Result};
@@ -293,10 +292,30 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if is_single_row(x) && x.device().is_cpu() && self.order.is_none() {
-            let x = x.contiguous()?;
-            return Ok(x.apply_op3_no_bwd(self.gate_up.weight(), &self.down_t, &SwiGluMlp)?);
+            let y = self.forward_row(&x.flatten_all()?.to_vec1::<f32>()?)?;
+            return Ok(Tensor::from_vec(y, x.shape(), x.device())?);
         }
         self.down(&self.activations(x)?)
+    }
+
+    /// One row on the CPU, `x [H]` → `[H]`: the fused SwiGLU kernel
+    /// ([`crate::kernels::swiglu_mlp`]) when the rows are in canonical
+    /// order (a dense MLP, a subset, or an arranged MLP's [`Mlp::front`]).
+    pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
+        if self.order.is_some() {
+            let t = Tensor::from_slice(x, (1, x.len()), &candle_core::Device::Cpu)?;
+            return Ok(self
+                .down(&self.activations(&t)?)?
+                .flatten_all()?
+                .to_vec1()?);
+        }
+        let mut y = vec![0f32; x.len()];
+        crate::kernels::with_weight(self.gate_up.weight(), |gate_up| {
+            crate::kernels::with_weight(&self.down_t, |down_t| {
+                crate::kernels::swiglu_mlp_weights(x, &gate_up, &down_t, &mut y)
+            })
+        })?;
+        Ok(y)
     }
 }
 

@@ -79,6 +79,20 @@ impl Rope {
         })
     }
 
+    /// Rotates, in place, the first `heads` heads of one row of activations
+    /// (`[.., head_dim]` each) at position `pos` (CPU).
+    fn apply_row(&self, x: &mut [f32], heads: usize, head_dim: usize, pos: usize) -> Result<()> {
+        let half = head_dim / 2;
+        let (cos, sin) = (self.cos.narrow(0, pos, 1)?, self.sin.narrow(0, pos, 1)?);
+        crate::kernels::with_f32(&cos, |cos| {
+            crate::kernels::with_f32(&sin, |sin| {
+                crate::kernels::rope_row(x, &cos[..half], &sin[..half], head_dim, heads);
+                Ok(())
+            })
+        })?;
+        Ok(())
+    }
+
     /// Applies the rotation to `x [b, heads, seq, head_dim]` at positions `pos..`.
     fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
         let seq = x.dim(2)?;
@@ -189,9 +203,6 @@ impl Attention {
         let (b, seq, _) = x.dims3()?;
         let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
         let qkv = self.qkv.forward(x)?;
-        if b * seq == 1 && x.device().is_cpu() {
-            return self.decode_cpu(&qkv, pos, rope, cache);
-        }
         let split = |start: usize, heads: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(D::Minus1, start * hd, heads * hd)?
@@ -227,43 +238,33 @@ impl Attention {
 }
 
 impl Attention {
-    /// The single-token CPU path: the same computation as the general path
-    /// with fused row ops, so no op dispatches work to other threads (at this
-    /// size that costs more than the work itself).
-    fn decode_cpu(
+    /// One token on the CPU, on plain buffers: `x [hidden]` (normed) at
+    /// position `pos` → the attention output after `o_proj`, `[hidden]`.
+    /// The same computation as [`Attention::forward`]; appends to `cache`.
+    fn forward_row(
         &self,
-        qkv: &Tensor,
+        x: &[f32],
         pos: usize,
         rope: &Rope,
         cache: &mut candle_nn::kv_cache::KvCache,
-    ) -> Result<Tensor> {
+    ) -> Result<Vec<f32>> {
         let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
-        let rotated = qkv.apply_op3_no_bwd(
-            &rope.cos,
-            &rope.sin,
-            &crate::kernels::RopeRow {
-                pos,
-                head_dim: hd,
-                rotated_heads: nh + nkv,
-            },
-        )?;
-        let kv_row = |start: usize| -> Result<Tensor> {
-            Ok(rotated
-                .narrow(D::Minus1, start * hd, nkv * hd)?
-                .reshape((1, nkv, 1, hd))?)
+        let mut qkv = self.qkv.forward_row(x)?;
+        rope.apply_row(&mut qkv, nh + nkv, hd, pos)?;
+        let kv_row = |start: usize| {
+            Tensor::from_slice(
+                &qkv[start * hd..(start + nkv) * hd],
+                (1, nkv, 1, hd),
+                &Device::Cpu,
+            )
         };
         let (k, v) = cache.append(&kv_row(nh)?, &kv_row(nh + nkv)?)?;
-        let q = rotated.narrow(D::Minus1, 0, nh * hd)?.contiguous()?;
-        let y = q.apply_op3_no_bwd(
-            &k,
-            &v,
-            &crate::kernels::DecodeAttention {
-                heads: nh,
-                kv_heads: nkv,
-                head_dim: hd,
-            },
-        )?;
-        self.o_proj.forward(&y)
+        let y = crate::kernels::with_f32_layout(&k, |k, kl| {
+            crate::kernels::with_f32_layout(&v, |v, vl| {
+                crate::kernels::decode_attention(&qkv[..nh * hd], (k, kl), (v, vl), nh)
+            })
+        })?;
+        self.o_proj.forward_row(&y)
     }
 }
 
@@ -292,12 +293,19 @@ impl RmsNorm {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if crate::model::linear::is_single_row(x) && x.device().is_cpu() {
-            return Ok(x
-                .contiguous()?
-                .apply_op2_no_bwd(&self.weight, &crate::kernels::RmsNormRow { eps: self.eps })?);
-        }
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+
+    /// One row on the CPU: `out = norm(x)`.
+    fn forward_row(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        crate::kernels::with_f32(&self.weight, |w| {
+            if w.len() != x.len() {
+                candle_core::bail!("rms norm of {} for a row of {}", w.len(), x.len());
+            }
+            crate::kernels::rms_norm_row(x, w, self.eps, out);
+            Ok(())
+        })?;
+        Ok(())
     }
 }
 
@@ -354,6 +362,28 @@ impl Block {
             None => mlp.forward(&normed)?,
         };
         Ok((h + m)?)
+    }
+}
+
+impl Block {
+    /// One token on the CPU, on plain buffers: `x [hidden]` becomes the
+    /// block's output; the same computation as [`Block::forward`].
+    fn forward_row(
+        &self,
+        x: &mut [f32],
+        pos: usize,
+        rope: &Rope,
+        cache: &mut candle_nn::kv_cache::KvCache,
+        mlp: Option<&Mlp>,
+    ) -> Result<()> {
+        let mut normed = vec![0f32; x.len()];
+        self.input_norm.forward_row(x, &mut normed)?;
+        let attn = self.attn.forward_row(&normed, pos, rope, cache)?;
+        x.iter_mut().zip(&attn).for_each(|(x, a)| *x += a);
+        self.post_attention_norm.forward_row(x, &mut normed)?;
+        let m = mlp.unwrap_or(&self.mlp).forward_row(&normed)?;
+        x.iter_mut().zip(&m).for_each(|(x, m)| *x += m);
+        Ok(())
     }
 }
 
@@ -638,6 +668,10 @@ impl Model {
                 self.cfg.vocab_size
             );
         }
+        if let ([token], true, None, None) = (tokens, self.device.is_cpu(), &observe, &self.offload)
+        {
+            return self.decode_cpu(*token, cache, mlps);
+        }
         let mut x = None;
         for chunk in tokens.chunks(self.prefill_chunk) {
             x = Some(self.blocks_forward(chunk, cache, observe.as_deref_mut(), mlps)?);
@@ -646,6 +680,37 @@ impl Model {
         let last = x.narrow(1, x.dim(1)? - 1, 1)?;
         let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
         Ok(logits.flatten_all()?)
+    }
+
+    /// One token on the CPU (the decode step) on plain buffers: no candle op
+    /// between the kernels, so the decode threads are not kept waiting by
+    /// allocation and dispatch. The same computation as the general path
+    /// (tested: `decode_on_plain_buffers_matches_the_tensor_path`).
+    fn decode_cpu(
+        &self,
+        token: u32,
+        cache: &mut KvCache,
+        mlps: Option<&[Option<Mlp>]>,
+    ) -> Result<Tensor> {
+        let (pos, h) = (cache.len(), self.cfg.hidden_size);
+        let mut x = crate::kernels::with_weight(&self.embed_tokens, |w| {
+            let r = token as usize * h..(token as usize + 1) * h;
+            Ok(match w {
+                crate::kernels::Weight::F32(w) => w[r].to_vec(),
+                crate::kernels::Weight::F16(w) => w[r].iter().map(|v| v.to_f32()).collect(),
+            })
+        })?;
+        for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
+        {
+            let mlp = mlps.and_then(|m| m[i].as_ref());
+            block
+                .forward_row(&mut x, pos, &self.rope, layer_cache, mlp)
+                .with_context(|| format!("decoding layer {i}"))?;
+        }
+        let mut normed = vec![0f32; h];
+        self.norm.forward_row(&x, &mut normed)?;
+        let logits = self.lm_head.forward_row(&normed)?;
+        Ok(Tensor::from_vec(logits, self.cfg.vocab_size, &self.device)?)
     }
 
     /// Embeds `tokens` and runs every block at positions `cache.len()..`;
