@@ -268,9 +268,17 @@ pub fn decode_attention(
     if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
         candle_core::bail!("decode attention: k/v rows must be contiguous");
     }
+    // Every row the heads read must lie inside the storage.
+    let last = |l: &Layout| {
+        l.start_offset() + (kv_heads - 1) * l.stride()[1] + (t - 1) * l.stride()[2] + hd
+    };
+    if t == 0 || last(kl) > k.len() || last(vl) > v.len() {
+        candle_core::bail!(
+            "decode attention: no cached position, or k/v views outside their storage"
+        );
+    }
     let group = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (ks, vs) = (kl.stride(), vl.stride());
     let mut out = vec![0f32; heads * hd];
     let heads_out = DisjointSlice::new(&mut out);
     SpinPool::global().for_each_block(heads, 1, |_, block| {
@@ -278,28 +286,50 @@ pub fn decode_attention(
         for h in block {
             let kvh = h / group;
             let qh = &q[h * hd..(h + 1) * hd];
-            let kbase = kl.start_offset() + kvh * ks[1];
-            let vbase = vl.start_offset() + kvh * vs[1];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                let row = &k[kbase + j * ks[2]..][..hd];
-                *s = <f32 as WeightElem>::dot(row, qh) * scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
+            let kr = (k, kl.start_offset() + kvh * kl.stride()[1], kl.stride()[2]);
+            let vr = (v, vl.start_offset() + kvh * vl.stride()[1], vl.stride()[2]);
             // SAFETY: each head is in exactly one block.
             let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
-            for (j, s) in scores.iter().enumerate() {
-                let row = &v[vbase + j * vs[2]..][..hd];
-                <f32 as WeightElem>::axpy_rows(&[s / sum], row, o);
+            #[cfg(target_arch = "x86_64")]
+            if simd::available() && hd.is_multiple_of(8) {
+                // SAFETY: AVX2/FMA checked, `hd` a multiple of 8, rows
+                // inside the storage (checked above).
+                unsafe { simd::attend_head_f32(qh, kr, vr, scale, &mut scores, o) };
+                continue;
             }
+            attend_head(qh, kr, vr, scale, &mut scores, o);
         }
     });
     Ok(out)
+}
+
+/// Portable form of `simd::attend_head_f32`: one query head's attention.
+fn attend_head(
+    q: &[f32],
+    (k, kbase, kstride): (&[f32], usize, usize),
+    (v, vbase, vstride): (&[f32], usize, usize),
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let mut max = f32::NEG_INFINITY;
+    for (j, s) in scores.iter_mut().enumerate() {
+        let row = &k[kbase + j * kstride..][..hd];
+        *s = row.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (j, s) in scores.iter().enumerate() {
+        let p = s / sum;
+        let row = &v[vbase + j * vstride..][..hd];
+        out.iter_mut().zip(row).for_each(|(o, v)| *o += p * v);
+    }
 }
 
 /// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
@@ -487,6 +517,65 @@ mod simd {
         s
     }
 
+    /// One query head's attention over `scores.len()` cached positions in
+    /// one vectorised loop: `scores[j] = (k_j · q) · scale`, softmax, then
+    /// `out = Σ_j p_j v_j`. Row `j` of `k` starts at `kbase + j * kstride`
+    /// (likewise `v`), `q.len()` values each.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; `q.len()` is a multiple of 8 and equals
+    /// `out.len()`; every row lies inside `k` / `v`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn attend_head_f32(
+        q: &[f32],
+        (k, kbase, kstride): (&[f32], usize, usize),
+        (v, vbase, vstride): (&[f32], usize, usize),
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        let (qp, kp, vp, op) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+        let mut max = f32::NEG_INFINITY;
+        for (j, s) in scores.iter_mut().enumerate() {
+            let row = kp.add(kbase + j * kstride);
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut c = 0;
+            while c + 16 <= hd {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(c)), _mm256_loadu_ps(qp.add(c)), a0);
+                a1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(row.add(c + 8)),
+                    _mm256_loadu_ps(qp.add(c + 8)),
+                    a1,
+                );
+                c += 16;
+            }
+            if c < hd {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(c)), _mm256_loadu_ps(qp.add(c)), a0);
+            }
+            *s = hsum(_mm256_add_ps(a0, a1)) * scale;
+            max = max.max(*s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        out.fill(0.0);
+        for (j, s) in scores.iter().enumerate() {
+            let p = _mm256_set1_ps(s * inv);
+            let row = vp.add(vbase + j * vstride);
+            let mut c = 0;
+            while c < hd {
+                let acc =
+                    _mm256_fmadd_ps(p, _mm256_loadu_ps(row.add(c)), _mm256_loadu_ps(op.add(c)));
+                _mm256_storeu_ps(op.add(c), acc);
+                c += 8;
+            }
+        }
+    }
+
     /// Shared body of the axpy kernels: one row at a time, so the weights
     /// are read strictly in memory order. (Four rows per pass over `y` saves
     /// loads and stores of `y`, which sits in L1, but interleaves four
@@ -573,6 +662,50 @@ mod tests {
             for (a, b) in out.iter().zip(reference_matvec(&wr, &x)) {
                 assert!((a - b).abs() < 1e-3, "f16 {n}x{k}: {a} vs {b}");
             }
+        }
+    }
+
+    #[test]
+    fn decode_attention_matches_reference_on_a_strided_cache() {
+        // A cache of capacity 10 holding 7 positions, as the KV cache's views
+        // are; head_dim 16 takes the vectorised path, 12 the portable one.
+        for hd in [16, 12] {
+            let (heads, kv_heads, cap, t) = (6, 2, 10, 7);
+            let layout = Layout::contiguous((1, kv_heads, cap, hd))
+                .narrow(2, 0, t)
+                .unwrap();
+            let (k, v, q) = (
+                data(kv_heads * cap * hd, 7),
+                data(kv_heads * cap * hd, 8),
+                data(heads * hd, 9),
+            );
+            let out = decode_attention(&q, (&k, &layout), (&v, &layout), heads).unwrap();
+            for h in 0..heads {
+                let kvh = h / (heads / kv_heads);
+                let row = |m: &[f32], j: usize| m[(kvh * cap + j) * hd..][..hd].to_vec();
+                let qh = &q[h * hd..(h + 1) * hd];
+                let scores: Vec<f32> = (0..t)
+                    .map(|j| {
+                        row(&k, j).iter().zip(qh).map(|(a, b)| a * b).sum::<f32>()
+                            / (hd as f32).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = e.iter().sum();
+                for c in 0..hd {
+                    let want: f32 = (0..t).map(|j| e[j] / sum * row(&v, j)[c]).sum();
+                    let got = out[h * hd + c];
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "hd {hd} head {h} col {c}: {got} vs {want}"
+                    );
+                }
+            }
+            // A view reaching outside the storage is refused, not read.
+            let short = &k[..k.len() - 1];
+            let wide = Layout::contiguous((1, kv_heads, cap, hd));
+            assert!(decode_attention(&q, (short, &wide), (&v, &wide), heads).is_err());
         }
     }
 
