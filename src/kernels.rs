@@ -303,15 +303,20 @@ pub fn decode_attention(
     Ok(out)
 }
 
+/// Rows of a strided f32 matrix: the data, where row 0 starts, and the
+/// distance between rows (a KV-cache view of one kv head).
+type StridedRows<'a> = (&'a [f32], usize, usize);
+
 /// Portable form of `simd::attend_head_f32`: one query head's attention.
 fn attend_head(
     q: &[f32],
-    (k, kbase, kstride): (&[f32], usize, usize),
-    (v, vbase, vstride): (&[f32], usize, usize),
+    k: StridedRows,
+    v: StridedRows,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let ((k, kbase, kstride), (v, vbase, vstride)) = (k, v);
     let hd = q.len();
     let mut max = f32::NEG_INFINITY;
     for (j, s) in scores.iter_mut().enumerate() {
@@ -528,12 +533,13 @@ mod simd {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn attend_head_f32(
         q: &[f32],
-        (k, kbase, kstride): (&[f32], usize, usize),
-        (v, vbase, vstride): (&[f32], usize, usize),
+        k: super::StridedRows,
+        v: super::StridedRows,
         scale: f32,
         scores: &mut [f32],
         out: &mut [f32],
     ) {
+        let ((k, kbase, kstride), (v, vbase, vstride)) = (k, v);
         let hd = q.len();
         let (qp, kp, vp, op) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr());
         let mut max = f32::NEG_INFINITY;

@@ -363,9 +363,7 @@ impl Block {
         };
         Ok((h + m)?)
     }
-}
 
-impl Block {
     /// One token on the CPU, on plain buffers: `x [hidden]` becomes the
     /// block's output; the same computation as [`Block::forward`].
     fn forward_row(
