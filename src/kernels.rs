@@ -160,21 +160,22 @@ pub fn swiglu_mlp_weights(
     down_t: &Weight,
     y: &mut [f32],
 ) -> Result<()> {
-    let h = x.len();
-    let (rows, n) = match (gate_up, down_t) {
-        (Weight::F32(g), Weight::F32(d)) => (g.len(), d.len()),
-        (Weight::F16(g), Weight::F16(d)) => (g.len(), d.len()),
-        _ => candle_core::bail!("swiglu-mlp: gate/up and down have different dtypes"),
-    };
-    if y.len() != h || rows != 2 * n || !n.is_multiple_of(h.max(1)) {
-        candle_core::bail!("swiglu-mlp: input of {h} for {rows} gate/up and {n} down weights");
+    fn checked<T: WeightElem>(x: &[f32], gate_up: &[T], down_t: &[T], y: &mut [f32]) -> Result<()> {
+        let (h, n) = (x.len(), down_t.len());
+        if y.len() != h || gate_up.len() != 2 * n || !n.is_multiple_of(h.max(1)) {
+            candle_core::bail!(
+                "swiglu-mlp: input of {h} for {} gate/up and {n} down weights",
+                gate_up.len()
+            );
+        }
+        swiglu_mlp(x, gate_up, down_t, y);
+        Ok(())
     }
     match (gate_up, down_t) {
-        (Weight::F32(g), Weight::F32(d)) => swiglu_mlp(x, g, d, y),
-        (Weight::F16(g), Weight::F16(d)) => swiglu_mlp(x, g, d, y),
-        _ => unreachable!("dtypes checked above"),
+        (Weight::F32(g), Weight::F32(d)) => checked(x, g, d, y),
+        (Weight::F16(g), Weight::F16(d)) => checked(x, g, d, y),
+        _ => candle_core::bail!("swiglu-mlp: gate/up and down have different dtypes"),
     }
-    Ok(())
 }
 
 /// `y = down_t^T · (silu(gate · x) * (up · x))` with `gate_up = [gate; up]`.

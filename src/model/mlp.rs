@@ -291,7 +291,7 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if is_single_row(x) && x.device().is_cpu() && self.order.is_none() {
+        if is_single_row(x) && x.device().is_cpu() {
             let y = self.forward_row(&x.flatten_all()?.to_vec1::<f32>()?)?;
             return Ok(Tensor::from_vec(y, x.shape(), x.device())?);
         }

@@ -82,12 +82,16 @@ impl Rope {
     /// Rotates, in place, the first `heads` heads of one row of activations
     /// (`[.., head_dim]` each) at position `pos` (CPU).
     fn apply_row(&self, x: &mut [f32], heads: usize, head_dim: usize, pos: usize) -> Result<()> {
-        let half = head_dim / 2;
-        let (cos, sin) = (self.cos.narrow(0, pos, 1)?, self.sin.narrow(0, pos, 1)?);
-        crate::kernels::with_f32(&cos, |cos| {
-            crate::kernels::with_f32(&sin, |sin| {
-                crate::kernels::rope_row(x, &cos[..half], &sin[..half], head_dim, heads);
-                Ok(())
+        let row = pos * (head_dim / 2)..(pos + 1) * (head_dim / 2);
+        crate::kernels::with_f32(&self.cos, |cos| {
+            crate::kernels::with_f32(&self.sin, |sin| {
+                match (cos.get(row.clone()), sin.get(row.clone())) {
+                    (Some(cos), Some(sin)) => {
+                        crate::kernels::rope_row(x, cos, sin, head_dim, heads);
+                        Ok(())
+                    }
+                    _ => candle_core::bail!("rope: position {pos} is beyond the table"),
+                }
             })
         })?;
         Ok(())
@@ -235,9 +239,7 @@ impl Attention {
             .reshape((b, seq, nh * hd))?;
         self.o_proj.forward(&y)
     }
-}
 
-impl Attention {
     /// One token on the CPU, on plain buffers: `x [hidden]` (normed) at
     /// position `pos` → the attention output after `o_proj`, `[hidden]`.
     /// The same computation as [`Attention::forward`]; appends to `cache`.
@@ -666,9 +668,10 @@ impl Model {
                 self.cfg.vocab_size
             );
         }
-        if let ([token], true, None, None) = (tokens, self.device.is_cpu(), &observe, &self.offload)
-        {
-            return self.decode_cpu(*token, cache, mlps);
+        if let [token] = tokens {
+            if self.device.is_cpu() && observe.is_none() && self.offload.is_none() {
+                return self.decode_cpu(*token, cache, mlps);
+            }
         }
         let mut x = None;
         for chunk in tokens.chunks(self.prefill_chunk) {
