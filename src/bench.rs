@@ -54,6 +54,9 @@ pub struct BenchReport {
     /// serving prompts holds, including a selective mode's per-prompt
     /// decode weights; peak RSS also counts load-time transients).
     pub rss_after_bytes: u64,
+    /// Of `rss_after_bytes`, anonymous memory on transparent huge pages (the
+    /// CPU weights, where the system grants them: `crate::hugepages`).
+    pub huge_page_bytes: u64,
     /// GPU runs: device memory this process holds after the runs (weights,
     /// caches, allocator pools), bytes; `None` on CPU.
     pub device_memory_bytes: Option<u64>,
@@ -181,6 +184,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     // Read the peak RSS before the bandwidth probe allocates its buffer.
     let peak_rss_bytes = sysinfo::peak_rss_bytes();
     let rss_after_bytes = sysinfo::rss_bytes();
+    let huge_page_bytes = sysinfo::anon_huge_page_bytes();
     let device_memory_bytes = crate::device::memory_used_bytes(&load.device)
         .zip(device_memory_before)
         .map(|(after, before)| after.saturating_sub(before));
@@ -204,6 +208,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         compact_build_s: runs.iter().map(|r| r.compact_build_s).sum::<f64>() / n,
         peak_rss_bytes,
         rss_after_bytes,
+        huge_page_bytes,
         device_memory_bytes,
         weight_bytes_per_token: weight_bytes,
         bandwidth_gb_s: bandwidth,

@@ -25,11 +25,30 @@ pub fn rss_bytes() -> u64 {
     status_kib("VmRSS:") * 1024
 }
 
+/// Anonymous memory of this process on transparent huge pages
+/// (`AnonHugePages` of `/proc/self/smaps_rollup`), bytes; 0 if unknown.
+pub fn anon_huge_page_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("AnonHugePages:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// Measures read bandwidth (GB/s, 1e9 bytes) by summing a `bytes`-sized f32
-/// buffer with rayon's threads; best of `repeats` passes after one warm pass.
+/// buffer (on huge pages where the system has them) with rayon's threads;
+/// best of `repeats` passes after one warm pass.
 pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
     let n = bytes / 4;
-    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    // On huge pages, like the weights (`crate::hugepages`): the roofline is
+    // the best this machine's memory delivers.
+    let mut data: Vec<f32> = Vec::with_capacity(n);
+    crate::hugepages::advise(data.as_ptr().cast(), bytes);
+    data.extend((0..n).map(|i| (i % 7) as f32));
     let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 8);
     let mut best = f64::INFINITY;
     let mut sink = 0f32;
