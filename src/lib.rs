@@ -15,7 +15,6 @@ pub mod device;
 pub mod eval;
 pub mod generate;
 pub mod gguf;
-pub mod hugepages;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

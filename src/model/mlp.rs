@@ -253,12 +253,6 @@ impl Mlp {
         self.width
     }
 
-    /// Moves the weights onto huge pages ([`crate::hugepages`]).
-    pub fn collapse_to_huge_pages(&self) {
-        crate::hugepages::collapse_tensor(self.gate_up.weight());
-        crate::hugepages::collapse_tensor(&self.down_t);
-    }
-
     /// Bytes of weights read per token.
     pub fn weight_bytes(&self) -> usize {
         self.gate_up.weight_bytes() + self.down_t.elem_count() * self.down_t.dtype().size_in_bytes()
