@@ -221,9 +221,9 @@ impl Engine {
     }
 
     /// Contiguous weights of the chosen rows, built once per prompt: each
-    /// layer's held rows are rearranged with the chosen ones in front (the
-    /// old storage is freed layer by layer, so no second copy of the chosen
-    /// neurons stays in memory), and decode runs on views of the fronts.
+    /// layer's held rows are rearranged with the chosen ones in front (in
+    /// place on the CPU, layer by layer elsewhere, so no second copy of the
+    /// chosen neurons stays in memory), and decode runs on views of the fronts.
     fn arrange(&mut self, chosen: &Chosen) -> Result<DecodeMlps> {
         if chosen.len() != self.model.blocks.len() {
             bail!(
@@ -238,8 +238,7 @@ impl Engine {
             .enumerate()
             .map(|(layer, (c, b))| {
                 let Some(rows) = c else { return Ok(None) };
-                b.mlp = b
-                    .mlp
+                b.mlp
                     .arrange(rows)
                     .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
                 Ok(Some(b.mlp.front()?))

@@ -359,7 +359,7 @@ pub fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
         if len == 0 {
             return out;
         }
-        advise_huge_pages(out.as_mut_ptr().cast(), len * std::mem::size_of::<T>());
+        crate::hugepages::advise(out.as_ptr().cast(), len * std::mem::size_of::<T>());
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(k)
             .zip(rows.par_iter())
@@ -391,26 +391,6 @@ pub fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
             t.index_select(&Tensor::new(rows, t.device())?, 0)
         }
     }
-}
-
-/// Asks the kernel to back `[ptr, ptr + bytes)` with transparent huge pages
-/// (Linux, THP in `madvise` mode); a no-op elsewhere or on failure.
-fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let start = (ptr as usize).div_ceil(PAGE) * PAGE;
-        let end = (ptr as usize + bytes) / PAGE * PAGE;
-        if end > start {
-            // SAFETY: the range lies inside one live allocation; MADV_HUGEPAGE
-            // only changes how the kernel backs it, never its contents.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, bytes);
 }
 
 #[cfg(target_arch = "x86_64")]

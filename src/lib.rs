@@ -15,6 +15,7 @@ pub mod device;
 pub mod eval;
 pub mod generate;
 pub mod gguf;
+pub mod hugepages;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

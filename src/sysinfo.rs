@@ -40,10 +40,15 @@ pub fn anon_huge_page_bytes() -> u64 {
 }
 
 /// Measures read bandwidth (GB/s, 1e9 bytes) by summing a `bytes`-sized f32
-/// buffer with rayon's threads; best of `repeats` passes after one warm pass.
+/// buffer (on huge pages where the system has them) with rayon's threads;
+/// best of `repeats` passes after one warm pass.
 pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
     let n = bytes / 4;
-    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    // On huge pages, like the weights (`crate::hugepages`): the roofline is
+    // the best this machine's memory delivers.
+    let mut data: Vec<f32> = Vec::with_capacity(n);
+    crate::hugepages::advise(data.as_ptr().cast(), bytes);
+    data.extend((0..n).map(|i| (i % 7) as f32));
     let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 8);
     let mut best = f64::INFINITY;
     let mut sink = 0f32;

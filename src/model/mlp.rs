@@ -143,11 +143,18 @@ impl Mlp {
         stored
     }
 
-    /// The same neurons stored with canonical positions `front` (ascending,
-    /// no duplicates) first: a new `[gate_front; up_front; gate_back;
-    /// up_back]` and `down_t [front; back]`, each segment in canonical order.
-    /// Replace the layer's MLP with the result so the old storage is freed.
-    pub fn arrange(&self, front: &[usize]) -> Result<Self> {
+    /// Stores the same neurons with canonical positions `front` (ascending,
+    /// no duplicates) first: `[gate_front; up_front; gate_back; up_back]`
+    /// and `down_t [front; back]`, each segment in canonical order.
+    ///
+    /// On the CPU the rows are rewritten in place, in the storage loaded
+    /// (and put on huge pages, [`crate::hugepages`]) at load time: the
+    /// gathered copy is dropped at once, so no second copy of the layer
+    /// stays in memory. Elsewhere the MLP gets the new buffers and the old
+    /// ones are freed. Clones of an `Mlp` share its storage, so arrange only
+    /// an MLP no one else holds (a model's own; [`Mlp::front`]'s views are
+    /// the next prompt's to replace).
+    pub fn arrange(&mut self, front: &[usize]) -> Result<()> {
         let w = self.width;
         if let Some(&bad) = front.iter().find(|&&p| p >= w) {
             anyhow::bail!("neuron position {bad} out of range ({w} held)");
@@ -175,15 +182,16 @@ impl Mlp {
         let down_rows: Vec<u32> = src.iter().map(|&p| p as u32).collect();
         let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
         let down_t = crate::kernels::gather_rows(&self.down_t, &down_rows)?;
-        let identity = front.len() == w;
-        Ok(Self {
-            gate_up: Linear::new(gate_up, None)?,
-            down_t,
-            width: w,
-            neurons: self.neurons.clone(),
-            order: (!identity).then_some(order),
-            front: front.len(),
-        })
+        if self.down_t.device().is_cpu() {
+            self.gate_up.weight().slice_set(&gate_up, 0, 0)?;
+            self.down_t.slice_set(&down_t, 0, 0)?;
+        } else {
+            self.gate_up = Linear::new(gate_up, None)?;
+            self.down_t = down_t;
+        }
+        self.order = (front.len() != w).then_some(order);
+        self.front = front.len();
+        Ok(())
     }
 
     /// The front segment as an MLP of its own: views of the stored rows, no
@@ -251,6 +259,12 @@ impl Mlp {
     /// Number of neurons this MLP computes.
     pub fn width(&self) -> usize {
         self.width
+    }
+
+    /// Moves the weights onto huge pages ([`crate::hugepages`]).
+    pub fn collapse_to_huge_pages(&self) {
+        crate::hugepages::collapse_tensor(self.gate_up.weight());
+        crate::hugepages::collapse_tensor(&self.down_t);
     }
 
     /// Bytes of weights read per token.
@@ -375,10 +389,17 @@ mod tests {
             .unwrap();
         let dense_a = mlp.activations(&x).unwrap();
         let dense_y = mlp.forward(&x).unwrap();
-        let mut held = mlp.clone();
+        // Its own storage: arranging rewrites the rows in place.
+        let mut held = random_mlp(n, h);
+        let storage = (data_ptr(held.gate_up.weight()), data_ptr(&held.down_t));
         // Arrange twice, so the second works from an arranged layout.
         for front in [vec![1usize, 4, 5, 17, 23], vec![0, 4, 9, 10, 11, 17, 20]] {
-            held = held.arrange(&front).unwrap();
+            held.arrange(&front).unwrap();
+            // In place, on the CPU: the loaded storage keeps its pages.
+            assert_eq!(
+                (data_ptr(held.gate_up.weight()), data_ptr(&held.down_t)),
+                storage
+            );
             // Every held neuron still computes, in any storage order.
             let a = held.to_canonical(&held.activations(&x).unwrap()).unwrap();
             assert!(max_diff(&a, &dense_a) < 1e-5);
@@ -406,8 +427,8 @@ mod tests {
         assert!(held.arrange(&[n]).is_err());
         // Choosing every neuron gives back the canonical layout.
         let all: Vec<usize> = (0..n).collect();
-        let back = held.arrange(&all).unwrap();
-        assert!(back.order.is_none());
-        assert_eq!(max_diff(&back.forward(&x).unwrap(), &dense_y), 0.0);
+        held.arrange(&all).unwrap();
+        assert!(held.order.is_none());
+        assert_eq!(max_diff(&held.forward(&x).unwrap(), &dense_y), 0.0);
     }
 }

@@ -547,6 +547,15 @@ impl Model {
                 None,
             )?
         };
+        if opts.device.is_cpu() {
+            // Decode streams these once per token (see `crate::hugepages`).
+            crate::hugepages::collapse_tensor(lm_head.weight());
+            for b in &blocks {
+                crate::hugepages::collapse_tensor(b.attn.qkv.weight());
+                crate::hugepages::collapse_tensor(b.attn.o_proj.weight());
+                b.mlp.collapse_to_huge_pages();
+            }
+        }
         Ok(Self {
             cfg: cfg.clone(),
             embed_tokens,
