@@ -9,8 +9,9 @@
 //! [`crate::kernels`]; prefill and non-CPU devices use candle matmuls.
 //!
 //! Selective computation does not copy a prompt's chosen neurons beside the
-//! loaded ones: [`Mlp::arrange`] reorders the held rows (layer by layer, so
-//! at most one layer's FFN is held twice) into a *front* segment of chosen
+//! loaded ones: [`Mlp::arrange`] reorders the held rows (in place on the
+//! CPU, so they stay on the huge pages they were loaded onto; layer by layer
+//! elsewhere, so at most one layer's FFN is held twice) into a *front* segment of chosen
 //! neurons and a *back* segment of the others, stored
 //! `[gate_front; up_front; gate_back; up_back]`. Decode then runs on
 //! [`Mlp::front`], a zero-copy view of the front rows, and the next prompt's
