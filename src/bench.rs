@@ -55,7 +55,7 @@ pub struct BenchReport {
     /// decode weights; peak RSS also counts load-time transients).
     pub rss_after_bytes: u64,
     /// Of `rss_after_bytes`, anonymous memory on transparent huge pages
-    /// (a selective mode's per-prompt decode weights ask for them).
+    /// (the CPU weights, where the system grants them: `crate::hugepages`).
     pub huge_page_bytes: u64,
     /// GPU runs: device memory this process holds after the runs (weights,
     /// caches, allocator pools), bytes; `None` on CPU.
