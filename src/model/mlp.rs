@@ -181,14 +181,18 @@ impl Mlp {
             gate_up_rows.extend(up);
         }
         let down_rows: Vec<u32> = src.iter().map(|&p| p as u32).collect();
-        let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
-        let down_t = crate::kernels::gather_rows(&self.down_t, &down_rows)?;
         if self.down_t.device().is_cpu() {
-            self.gate_up.weight().slice_set(&gate_up, 0, 0)?;
-            self.down_t.slice_set(&down_t, 0, 0)?;
+            // One matrix at a time: at most one gathered copy is alive.
+            for (t, rows) in [
+                (self.gate_up.weight(), &gate_up_rows),
+                (&self.down_t, &down_rows),
+            ] {
+                t.slice_set(&crate::kernels::gather_rows(t, rows)?, 0, 0)?;
+            }
         } else {
+            let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
+            self.down_t = crate::kernels::gather_rows(&self.down_t, &down_rows)?;
             self.gate_up = Linear::new(gate_up, None)?;
-            self.down_t = down_t;
         }
         self.order = (front.len() != w).then_some(order);
         self.front = front.len();
