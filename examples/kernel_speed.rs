@@ -1,49 +1,69 @@
 //! Streams the decode matvecs of one SmolLM2 token through the kernels, without
-//! any other op, to see what the kernels alone reach.
+//! any other op, to see what the kernels alone reach, next to the bandwidth
+//! probe of `bench --bandwidth` in the same process.
 //! Run: cargo run --release --example kernel_speed [f16]
+//!
+//! The weights lie in one buffer advised for huge pages before it is
+//! written, like the model's (`selectinfer::hugepages`): the kernels stream
+//! markedly faster on huge pages, so separate small buffers (which mostly get
+//! none) would understate them. This VM's speed drifts by ±15% within
+//! seconds; compare variants interleaved in one process (alternate them
+//! token by token), not run after run.
 use selectinfer::kernels::{matvec, swiglu_mlp, WeightElem};
 use std::time::Instant;
+
 fn main() {
     if std::env::args().any(|a| a == "f16") {
-        run::<half::f16>(half::f16::from_f32(0.01), 2);
+        run(half::f16::from_f32);
     } else {
-        run::<f32>(0.01, 4);
+        run(|v| v);
     }
 }
-fn run<T: WeightElem>(v: T, elem: usize) {
-    let layers = 30;
-    let shapes = [(960usize, 576usize), (576, 576)];
-    let gate_ups: Vec<Vec<T>> = (0..layers).map(|_| vec![v; 3072 * 576]).collect();
-    let mats: Vec<Vec<Vec<T>>> = (0..layers)
-        .map(|_| shapes.iter().map(|&(n, k)| vec![v; n * k]).collect())
-        .collect();
-    let downs: Vec<Vec<T>> = (0..layers).map(|_| vec![v; 1536 * 576]).collect();
-    let head = vec![v; 49152 * 576];
-    let x = vec![1.0f32; 576];
-    let mut bytes = 0usize;
-    let mut best = f64::INFINITY;
-    for _ in 0..20 {
+
+fn run<T: WeightElem>(from_f32: fn(f32) -> T) {
+    let (layers, h, n, vocab) = (30, 576, 1536, 49152);
+    let (qkv_rows, o_rows) = (960, 576);
+    let total = layers * (qkv_rows + o_rows + 3 * n) * h + vocab * h;
+    let bytes = total * std::mem::size_of::<T>();
+    let mut weights: Vec<T> = Vec::with_capacity(total);
+    selectinfer::hugepages::advise(weights.as_ptr().cast(), bytes);
+    weights.extend((0..total).map(|i| from_f32(((i % 13) as f32 - 6.0) * 1e-3)));
+    let x = vec![1.0f32; h];
+    let mut times = Vec::new();
+    for _ in 0..200 {
         let t = Instant::now();
-        bytes = 0;
-        for l in 0..layers {
-            for (m, &(n, _)) in mats[l].iter().zip(&shapes) {
-                let mut out = vec![0f32; n];
-                matvec(m, &x, &mut out);
-                bytes += m.len() * elem;
-            }
-            let mut y = vec![0f32; 576];
-            swiglu_mlp(&x, &gate_ups[l], &downs[l], &mut y);
-            bytes += (gate_ups[l].len() + downs[l].len()) * elem;
+        let mut rest = &weights[..];
+        let mut take = |len: usize| {
+            let (a, b) = rest.split_at(len);
+            rest = b;
+            a
+        };
+        for _ in 0..layers {
+            let mut qkv = vec![0f32; qkv_rows];
+            matvec(take(qkv_rows * h), &x, &mut qkv);
+            let mut o = vec![0f32; o_rows];
+            matvec(take(o_rows * h), &x, &mut o);
+            let mut y = vec![0f32; h];
+            let gate_up = take(2 * n * h);
+            swiglu_mlp(&x, gate_up, take(n * h), &mut y);
         }
-        let mut out = vec![0f32; 49152];
-        matvec(&head, &x, &mut out);
-        bytes += head.len() * elem;
-        best = best.min(t.elapsed().as_secs_f64());
+        let mut logits = vec![0f32; vocab];
+        matvec(take(vocab * h), &x, &mut logits);
+        times.push(t.elapsed().as_secs_f64());
     }
+    times.sort_by(f64::total_cmp);
+    let gb_s = |s: f64| bytes as f64 / s / 1e9;
     println!(
-        "{:.1} MB/token, {:.2} ms/token, {:.1} GB/s",
+        "{:.1} MB/token ({} MiB on huge pages): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s",
         bytes as f64 / 1e6,
-        best * 1e3,
-        bytes as f64 / best / 1e9
+        selectinfer::sysinfo::anon_huge_page_bytes() >> 20,
+        times[times.len() / 2] * 1e3,
+        gb_s(times[times.len() / 2]),
+        gb_s(times[0])
+    );
+    drop(weights);
+    println!(
+        "bandwidth probe (best of 5 sums of 1 GiB): {:.1} GB/s",
+        selectinfer::sysinfo::measure_read_bandwidth(1 << 30, 5)
     );
 }

@@ -419,10 +419,13 @@ mod simd {
         _mm_cvtss_f32(s)
     }
 
-    /// How far ahead of the loads the dot kernels ask for the weights. The
-    /// hardware prefetcher alone kept two threads ~5% below this in
-    /// `examples/kernel_speed.rs` (f16; best of interleaved rounds), as
-    /// the f16 loop's extra conversions leave fewer lines in flight.
+    /// How far ahead of the loads the dot and axpy kernels ask for the
+    /// weights. The hardware prefetcher alone kept two threads ~5% below
+    /// this in `examples/kernel_speed.rs` (f16; best of interleaved rounds),
+    /// as the f16 loop's extra conversions leave fewer lines in flight. On
+    /// huge pages, 1–1.4 KiB ahead streamed best (0.5 KiB and 2 KiB 8–10%
+    /// slower), and the axpy's prefetch gained 1–2.5% for f16 (f32 neutral;
+    /// SmolLM2-shaped token, variants interleaved in one process).
     const PREFETCH_BYTES: usize = 1024;
 
     /// Asks for the cache line `ahead` bytes past `p` (a hint: never faults,
@@ -574,11 +577,17 @@ mod simd {
             let k = y.len();
             let wp = w.as_ptr();
             let yp = y.as_mut_ptr();
+            // 32 elements are one cache line of f16, two of f32.
+            let two_lines = w.first().is_some_and(|v| std::mem::size_of_val(v) == 4);
             for (r, &ar) in a.iter().enumerate() {
                 let av = _mm256_set1_ps(ar);
                 let row = wp.add(r * k);
                 let mut c = 0;
                 while c + 32 <= k {
+                    prefetch(row.add(c), PREFETCH_BYTES);
+                    if two_lines {
+                        prefetch(row.add(c + 16), PREFETCH_BYTES);
+                    }
                     for j in 0..4 {
                         let o = c + 8 * j;
                         let acc =
