@@ -443,15 +443,32 @@ fn run() -> Result<()> {
                 let mut result_goal = goal;
                 let on_done: crate::server::ReplySink = Box::new(move |reply: Reply| {
                     out2.finish_tokens(&reply);
-                    let sent = if reply.cancelled() && by_client.is_cancelled() {
-                        result_goal.cancel(action_result(&reply, STATUS_CANCELED))
-                    } else if reply.success && !reply.cancelled() {
-                        result_goal.succeed(action_result(&reply, STATUS_SUCCEEDED))
+                    // Once r2r has accepted a cancel request it no longer lets
+                    // the goal succeed or abort (it drops the goal from its
+                    // executing set), so a goal whose client asked to cancel
+                    // ends CANCELED, with whatever was generated — also when
+                    // the generation finished just before the cancel landed.
+                    // And should succeed/abort be refused anyway (the cancel
+                    // arriving in between), CANCELED still reaches the client.
+                    let id = &reply.request_id;
+                    let canceled = |goal: &mut r2r::ActionServerGoal<GenerateAction::Action>| {
+                        goal.cancel(action_result(&reply, STATUS_CANCELED))
+                    };
+                    let sent = if by_client.is_cancelled() {
+                        canceled(&mut result_goal)
                     } else {
-                        result_goal.abort(action_result(&reply, STATUS_ABORTED))
+                        let done = if reply.success && !reply.cancelled() {
+                            result_goal.succeed(action_result(&reply, STATUS_SUCCEEDED))
+                        } else {
+                            result_goal.abort(action_result(&reply, STATUS_ABORTED))
+                        };
+                        done.or_else(|e| {
+                            log::warn!("goal {id}: {e} on its result; sending it as canceled");
+                            canceled(&mut result_goal)
+                        })
                     };
                     if let Err(e) = sent {
-                        log::error!("sending the result of goal {}: {e}", reply.request_id);
+                        log::error!("sending the result of goal {id}: {e}");
                     }
                     watch_done.lock().unwrap().goals.remove(&reply.request_id);
                     let _ = done_tx.send(());
