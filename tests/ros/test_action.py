@@ -190,37 +190,42 @@ def test_three_clients_random_cancels_all_accounted_for(env):
     for n in extra:
         executor.add_node(n)
     clients = [ActionClient(n, Generate, f"{NS}/generate_stream") for n in extra]
-    for c in clients:
-        assert c.wait_for_server(timeout_sec=20)
-    goals = []
-    for round_ in range(5):
-        for ci, c in enumerate(clients):
-            goals.append(Goal(c, f"rc-{ci}-{round_}", f"List {round_ + 2} robot sensors.", 16))
-        spin_until(executor, lambda: False, 0.3)
+    # Cleaned up also when an assertion fails: clients left on the graph
+    # would keep later goals from ever looking abandoned (GoalWatch).
+    try:
+        for c in clients:
+            assert c.wait_for_server(timeout_sec=20)
+        goals = []
+        for round_ in range(5):
+            for ci, c in enumerate(clients):
+                goals.append(Goal(c, f"rc-{ci}-{round_}", f"List {round_ + 2} robot sensors.", 16))
+            spin_until(executor, lambda: False, 0.3)
+            for g in goals:
+                if g.handle is not None and g.handle.accepted and not g.finished and rng.random() < 0.3:
+                    g.handle.cancel_goal_async()
+        assert spin_until(executor, lambda: all(g.finished for g in goals), 240), [
+            g for g in goals if not g.finished]
+        outcome = {"succeeded": 0, "canceled": 0, "rejected": 0}
         for g in goals:
-            if g.handle is not None and g.handle.accepted and not g.finished and rng.random() < 0.3:
-                g.handle.cancel_goal_async()
-    assert spin_until(executor, lambda: all(g.finished for g in goals), 240)
-    outcome = {"succeeded": 0, "canceled": 0, "rejected": 0}
-    for g in goals:
-        if g.rejected:
-            outcome["rejected"] += 1
-            assert spin_until(executor, lambda: g.id in responses, 10)
-            continue
-        status = g.result.result.status
-        assert status in (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED), (g.id, status)
-        outcome["succeeded" if status == GoalStatus.STATUS_SUCCEEDED else "canceled"] += 1
-    assert sum(outcome.values()) == 15
-    print("random cancels:", outcome)
-    # Alive after.
-    last = Goal(clients[0], "rc-last", "Say yes.", 4)
-    assert spin_until(executor, lambda: last.finished, 60)
-    assert not last.rejected and last.result.result.success
-    for c in clients:
-        c.destroy()
-    for n in extra:
-        executor.remove_node(n)
-        n.destroy_node()
+            if g.rejected:
+                outcome["rejected"] += 1
+                assert spin_until(executor, lambda: g.id in responses, 10)
+                continue
+            status = g.result.result.status
+            assert status in (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED), (g.id, status)
+            outcome["succeeded" if status == GoalStatus.STATUS_SUCCEEDED else "canceled"] += 1
+        assert sum(outcome.values()) == 15
+        print("random cancels:", outcome)
+        # Alive after.
+        last = Goal(clients[0], "rc-last", "Say yes.", 4)
+        assert spin_until(executor, lambda: last.finished, 60)
+        assert not last.rejected and last.result.result.success
+    finally:
+        for c in clients:
+            c.destroy()
+        for n in extra:
+            executor.remove_node(n)
+            n.destroy_node()
 
 
 ABANDONING_CLIENT = textwrap.dedent("""
