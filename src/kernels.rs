@@ -423,7 +423,7 @@ mod simd {
     /// weights. The hardware prefetcher alone kept two threads ~5% below
     /// this in `examples/kernel_speed.rs` (f16; best of interleaved rounds),
     /// as the f16 loop's extra conversions leave fewer lines in flight. On
-    /// huge pages, 1–1.4 KiB ahead streamed best (0.5 KiB and 2 KiB 8–10%
+    /// huge pages, 1–1.4 KiB ahead streamed best (0.5 KiB and 2 KiB 6–9%
     /// slower), and the axpy's prefetch gained 1–2.5% for f16 (f32 neutral;
     /// SmolLM2-shaped token, variants interleaved in one process).
     const PREFETCH_BYTES: usize = 1024;
