@@ -3,8 +3,10 @@
 use rayon::prelude::*;
 use std::time::Instant;
 
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// The value (kB) of the line starting with `field` in `/proc/self/<file>`;
+/// 0 if unknown.
+fn proc_kib(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -17,26 +19,18 @@ fn status_kib(field: &str) -> u64 {
 
 /// Peak resident set size of this process (VmHWM), in bytes; 0 if unknown.
 pub fn peak_rss_bytes() -> u64 {
-    status_kib("VmHWM:") * 1024
+    proc_kib("status", "VmHWM:") * 1024
 }
 
 /// Current resident set size (VmRSS), in bytes; 0 if unknown.
 pub fn rss_bytes() -> u64 {
-    status_kib("VmRSS:") * 1024
+    proc_kib("status", "VmRSS:") * 1024
 }
 
 /// Anonymous memory of this process on transparent huge pages
 /// (`AnonHugePages` of `/proc/self/smaps_rollup`), bytes; 0 if unknown.
 pub fn anon_huge_page_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("AnonHugePages:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    proc_kib("smaps_rollup", "AnonHugePages:") * 1024
 }
 
 /// Measures read bandwidth (GB/s, 1e9 bytes) by summing a `bytes`-sized f32
