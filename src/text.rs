@@ -146,10 +146,16 @@ impl TextCodec {
 
 /// Turns a growing list of token ids into text pieces as soon as they are
 /// complete UTF-8 (byte-level BPE splits characters over several tokens).
+/// Each push decodes only the tokens since the piece before last (the last
+/// piece's tokens give the decoder its context, e.g. for a leading space),
+/// so a token costs the same at the end of a long answer as at its start.
 pub struct TextStream<'a> {
     codec: &'a TextCodec,
     ids: Vec<u32>,
-    emitted: usize,
+    /// Where the tokens of the last emitted piece start.
+    context_start: usize,
+    /// Tokens up to here have been emitted as text.
+    emitted_to: usize,
 }
 
 impl<'a> TextStream<'a> {
@@ -157,22 +163,27 @@ impl<'a> TextStream<'a> {
         Self {
             codec,
             ids: Vec::new(),
-            emitted: 0,
+            context_start: 0,
+            emitted_to: 0,
         }
     }
 
     /// Adds a token; returns the newly completed text, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let text = self.codec.decode(&self.ids)?;
+        let context = self
+            .codec
+            .decode(&self.ids[self.context_start..self.emitted_to])?;
+        let text = self.codec.decode(&self.ids[self.context_start..])?;
         if text.ends_with('\u{FFFD}')
-            || text.len() <= self.emitted
-            || !text.is_char_boundary(self.emitted)
+            || text.len() <= context.len()
+            || !text.is_char_boundary(context.len())
         {
             return Ok(None);
         }
-        let piece = text[self.emitted..].to_string();
-        self.emitted = text.len();
+        let piece = text[context.len()..].to_string();
+        self.context_start = self.emitted_to;
+        self.emitted_to = self.ids.len();
         Ok(Some(piece))
     }
 
