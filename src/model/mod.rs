@@ -9,10 +9,12 @@
 //! stored neuron-major so that it can run on a subset of neurons.
 
 pub mod config;
+pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
 
 pub use config::{Config, Family};
+pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use mlp::Mlp;
 
@@ -106,38 +108,6 @@ impl Rope {
     }
 }
 
-/// Per-layer key/value cache of one sequence.
-#[derive(Debug, Clone)]
-pub struct KvCache {
-    layers: Vec<candle_nn::kv_cache::KvCache>,
-}
-
-impl KvCache {
-    pub fn new(num_layers: usize) -> Self {
-        Self {
-            layers: (0..num_layers)
-                .map(|_| candle_nn::kv_cache::KvCache::new(2, 256))
-                .collect(),
-        }
-    }
-
-    /// Number of positions already cached.
-    pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .map(|c| c.current_seq_len())
-            .unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn reset(&mut self) {
-        self.layers.iter_mut().for_each(|c| c.reset());
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Attention {
     /// q, k and v projections fused: `[(heads + 2 kv_heads) * head_dim, hidden]`.
@@ -202,7 +172,7 @@ impl Attention {
         x: &Tensor,
         pos: usize,
         rope: &Rope,
-        cache: &mut candle_nn::kv_cache::KvCache,
+        cache: &mut kv_cache::LayerCache,
     ) -> Result<Tensor> {
         let (b, seq, _) = x.dims3()?;
         let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
@@ -248,23 +218,14 @@ impl Attention {
         x: &[f32],
         pos: usize,
         rope: &Rope,
-        cache: &mut candle_nn::kv_cache::KvCache,
+        cache: &mut kv_cache::LayerCache,
     ) -> Result<Vec<f32>> {
         let (hd, nh, nkv) = (self.head_dim, self.heads, self.kv_heads);
         let mut qkv = self.qkv.forward_row(x)?;
         rope.apply_row(&mut qkv, nh + nkv, hd, pos)?;
-        let kv_row = |start: usize| {
-            Tensor::from_slice(
-                &qkv[start * hd..(start + nkv) * hd],
-                (1, nkv, 1, hd),
-                &Device::Cpu,
-            )
-        };
-        let (k, v) = cache.append(&kv_row(nh)?, &kv_row(nh + nkv)?)?;
-        let y = crate::kernels::with_f32_layout(&k, |k, kl| {
-            crate::kernels::with_f32_layout(&v, |v, vl| {
-                crate::kernels::decode_attention(&qkv[..nh * hd], (k, kl), (v, vl), nh)
-            })
+        let (q, kv) = qkv.split_at(nh * hd);
+        let y = cache.push_row_and(kv.split_at(nkv * hd), (nkv, hd), |k, v| {
+            crate::kernels::decode_attention(q, k, v, nh)
         })?;
         self.o_proj.forward_row(&y)
     }
@@ -346,7 +307,7 @@ impl Block {
         x: &Tensor,
         pos: usize,
         rope: &Rope,
-        cache: &mut candle_nn::kv_cache::KvCache,
+        cache: &mut kv_cache::LayerCache,
         observe: Option<MlpObserver>,
         mlp: Option<&Mlp>,
     ) -> Result<Tensor> {
@@ -373,7 +334,7 @@ impl Block {
         x: &mut [f32],
         pos: usize,
         rope: &Rope,
-        cache: &mut candle_nn::kv_cache::KvCache,
+        cache: &mut kv_cache::LayerCache,
         mlp: Option<&Mlp>,
     ) -> Result<()> {
         let mut normed = vec![0f32; x.len()];
