@@ -98,9 +98,10 @@ impl LayerCache {
             row: v_row,
             pos: self.len,
         })?;
-        (self.k, self.v, self.len) = (Some(kb.clone()), Some(vb.clone()), end);
-        let result = crate::kernels::with_f32_layout(&kb, |k, kl| {
-            crate::kernels::with_f32_layout(&vb, |v, vl| {
+        self.len = end;
+        let (kb, vb) = (self.k.insert(kb), self.v.insert(vb));
+        let result = crate::kernels::with_f32_layout(kb, |k, kl| {
+            crate::kernels::with_f32_layout(vb, |v, vl| {
                 attend((k, &kl.narrow(2, 0, end)?), (v, &vl.narrow(2, 0, end)?))
             })
         })?;
