@@ -339,7 +339,7 @@ fn attend_head(
 /// compiler may not reorder), and f16 rows are widened a chunk at a time
 /// with `half`'s slice conversion (NEON `fcvtl`, F16C) rather than one
 /// element at a time.
-mod portable {
+pub mod portable {
     use half::{f16, slice::HalfFloatSliceExt};
 
     /// Independent partial sums of a dot product.
