@@ -4,7 +4,7 @@
 # ROS) and runs tests under qemu-user, so the portable CPU kernels (the x86
 # build takes its AVX2 paths) are exercised too.
 #
-#   scripts/check_aarch64.sh          # unit tests (about 5 minutes from cold)
+#   scripts/check_aarch64.sh          # build + unit tests (7.5 min from cold on 2 cores)
 #   scripts/check_aarch64.sh --real   # + parity and real-weights tests (+6 min;
 #                                     #   needs models/, see scripts/test.sh)
 #
@@ -13,6 +13,10 @@
 # rustup download is not a registry every CI machine reaches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "" | --real) ;;
+  *) echo "usage: $0 [--real]   (unknown argument: $1)" >&2; exit 2 ;;
+esac
 TARGET=aarch64-unknown-linux-gnu
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! rustup target list --installed | grep -qx "$TARGET"; then
