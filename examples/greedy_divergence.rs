@@ -5,7 +5,7 @@
 //! margin between our token and llama.cpp's.
 //! Run: cargo run --release --example greedy_divergence
 use candle_core::{Device, Tensor};
-use selectinfer::generate::Engine;
+use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
 fn main() -> anyhow::Result<()> {
     let dir = std::path::Path::new("models/smollm2-135m-instruct");

@@ -4,7 +4,7 @@
 //! Run: cargo run --release --example kernel_speed [f16]
 //!
 //! The weights lie in one buffer advised for huge pages before it is
-//! written, like the model's (`selectinfer::hugepages`): the kernels stream
+//! written, like the model's (`selectinfer::sys::hugepages`): the kernels stream
 //! markedly faster on huge pages, so separate small buffers (which mostly get
 //! none) would understate them. This VM's speed drifts by ±15% within
 //! seconds; compare variants interleaved in one process (alternate them
@@ -26,7 +26,7 @@ fn run<T: WeightElem>(from_f32: fn(f32) -> T) {
     let total = layers * (qkv_rows + o_rows + 3 * n) * h + vocab * h;
     let bytes = total * std::mem::size_of::<T>();
     let mut weights: Vec<T> = Vec::with_capacity(total);
-    selectinfer::hugepages::advise(weights.as_ptr().cast(), bytes);
+    selectinfer::sys::hugepages::advise(weights.as_ptr().cast(), bytes);
     weights.extend((0..total).map(|i| from_f32(((i % 13) as f32 - 6.0) * 1e-3)));
     let x = vec![1.0f32; h];
     let mut times = Vec::new();
@@ -56,7 +56,7 @@ fn run<T: WeightElem>(from_f32: fn(f32) -> T) {
     println!(
         "{:.1} MB/token ({} MiB on huge pages): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s",
         bytes as f64 / 1e6,
-        selectinfer::sysinfo::anon_huge_page_bytes() >> 20,
+        selectinfer::sys::memory::anon_huge_page_bytes() >> 20,
         times[times.len() / 2] * 1e3,
         gb_s(times[times.len() / 2]),
         gb_s(times[0])
@@ -64,6 +64,6 @@ fn run<T: WeightElem>(from_f32: fn(f32) -> T) {
     drop(weights);
     println!(
         "bandwidth probe (best of 5 sums of 1 GiB): {:.1} GB/s",
-        selectinfer::sysinfo::measure_read_bandwidth(1 << 30, 5)
+        selectinfer::sys::memory::measure_read_bandwidth(1 << 30, 5)
     );
 }

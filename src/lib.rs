@@ -1,36 +1,27 @@
 //! SelectInfer: selective neuron loading and computation for serving LLMs
 //! on small hardware, as a ROS 2 node.
 //!
-//! The library works without ROS: [`prepare`] fetches and [`convert`]s real
-//! weights, [`model`] is the Llama/Qwen2 transformer, [`generate`] drives it,
-//! [`bench`] measures it, [`server`] queues requests for a front end such as
-//! the ROS 2 node (`node`, feature `ros`). Binaries in `src/bin` are thin
-//! shells over these.
+//! # Layers
+//! Each top-level module is a layer; a layer imports only the layers below
+//! it (`tests/layers.rs` fails on an upward import or a cycle):
+//!
+//! | # | layer | what it is for |
+//! |---|---|---|
+//! | 0 | [`sys`] | platform facts: devices and dtypes, huge pages, RSS, memory bandwidth |
+//! | 1 | [`kernels`] | CPU decode kernels split by op, ISA back ends apart, the spin pool |
+//! | 2 | [`model`] | the Llama/Qwen2 transformer and checkpoint reading; knows nothing of the method |
+//! | 3 | [`method`] | SelectInfer: parameters, modes, rankings, load plans, prompt selection |
+//! | 4 | [`engine`] | the one loader (every default), prefill + selection + decode loop, sampling, text |
+//! | 5 | [`tools`] | prepare/convert, profile, eval + metrics, bench, synth, the GGUF baseline, device parity |
+//! | 5 | [`serve`] | the request queue, the ROS 2 node (feature `ros`), replay and bags |
+//!
+//! `tools` and `serve` sit side by side: neither imports the other. The
+//! binaries in `src/bin` only parse arguments and print.
 
-pub mod bag;
-pub mod bench;
-pub mod convert;
-pub mod data;
-pub mod device;
-pub mod eval;
-pub mod generate;
-pub mod gguf;
-pub mod hugepages;
+pub mod engine;
 pub mod kernels;
-pub mod metrics;
+pub mod method;
 pub mod model;
-#[cfg(feature = "ros")]
-pub mod node;
-pub mod plan;
-pub mod prepare;
-pub mod profile;
-pub mod ranking;
-pub mod replay;
-pub mod rowread;
-pub mod selective;
-pub mod server;
-pub mod spec;
-pub mod spin_pool;
-pub mod synth;
-pub mod sysinfo;
-pub mod text;
+pub mod serve;
+pub mod sys;
+pub mod tools;

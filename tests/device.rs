@@ -6,11 +6,11 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use selectinfer::convert::WeightDtype;
-use selectinfer::generate::GenerateOptions;
-use selectinfer::plan::SelectionParams;
-use selectinfer::selective::{LayerSelector, Mode};
-use selectinfer::spec::EngineSpec;
+use selectinfer::engine::spec::EngineSpec;
+use selectinfer::engine::GenerateOptions;
+use selectinfer::method::SelectionParams;
+use selectinfer::method::{LayerSelector, Mode};
+use selectinfer::sys::device::WeightDtype;
 use std::path::Path;
 
 /// A small Llama-3-style shape (llama3 rope scaling, GQA) and a Qwen2 one
@@ -64,12 +64,12 @@ fn synthetic_models_load_and_run_in_every_mode_deterministically() {
         let shape = tiny_shape(tmp.path(), qwen);
         let a = tmp.path().join(format!("a-{qwen}"));
         let b = tmp.path().join(format!("b-{qwen}"));
-        selectinfer::synth::write_model(&shape, &a, 7, DType::F16).unwrap();
-        selectinfer::synth::write_model(&shape, &b, 7, DType::F16).unwrap();
+        selectinfer::tools::synth::write_model(&shape, &a, 7, DType::F16).unwrap();
+        selectinfer::tools::synth::write_model(&shape, &b, 7, DType::F16).unwrap();
         let bytes = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
         assert_eq!(bytes(&a), bytes(&b), "same seed, same weights");
         let c = tmp.path().join(format!("c-{qwen}"));
-        selectinfer::synth::write_model(&shape, &c, 8, DType::F16).unwrap();
+        selectinfer::tools::synth::write_model(&shape, &c, 8, DType::F16).unwrap();
         assert_ne!(bytes(&a), bytes(&c), "another seed, other weights");
 
         let opts = GenerateOptions {
@@ -111,8 +111,8 @@ fn synthetic_model_rejects_a_bad_shape_with_the_file_named() {
     let tmp = tempfile::tempdir().unwrap();
     let bad = tmp.path().join("bad.json");
     std::fs::write(&bad, r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap();
-    let err =
-        selectinfer::synth::write_model(&bad, &tmp.path().join("out"), 0, DType::F16).unwrap_err();
+    let err = selectinfer::tools::synth::write_model(&bad, &tmp.path().join("out"), 0, DType::F16)
+        .unwrap_err();
     assert!(format!("{err:#}").contains("bad.json"), "{err:#}");
 }
 
@@ -175,13 +175,13 @@ fn device_check_refuses_cpu_and_cuda_without_support() {
     let tmp = tempfile::tempdir().unwrap();
     let shape = tiny_shape(tmp.path(), false);
     let m = tmp.path().join("m");
-    selectinfer::synth::write_model(&shape, &m, 1, DType::F16).unwrap();
+    selectinfer::tools::synth::write_model(&shape, &m, 1, DType::F16).unwrap();
     // In a build without the cuda feature, cuda:0 is refused by name.
     if !candle_core::utils::cuda_is_available() {
-        let err =
-            selectinfer::device::parity(&spec(&m, Mode::Dense), "cuda:0", "hi", 2).unwrap_err();
+        let err = selectinfer::tools::parity::parity(&spec(&m, Mode::Dense), "cuda:0", "hi", 2)
+            .unwrap_err();
         assert!(format!("{err:#}").contains("--features cuda"), "{err:#}");
     }
-    let err = selectinfer::device::check_dtype(&Device::Cpu, DType::BF16).unwrap_err();
+    let err = selectinfer::sys::device::check_dtype(&Device::Cpu, DType::BF16).unwrap_err();
     assert!(err.to_string().contains("not supported on CPU"), "{err}");
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use selectinfer::metrics::{bleu, chrf, rouge, squad_em_f1, squad_normalize, tokenize_13a};
+use selectinfer::tools::metrics::{bleu, chrf, rouge, squad_em_f1, squad_normalize, tokenize_13a};
 use serde_json::Value;
 
 const TOL: f64 = 0.01;

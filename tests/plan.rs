@@ -2,8 +2,8 @@
 
 mod common;
 
-use selectinfer::plan::{count, LoadPlan, SelectionParams};
-use selectinfer::ranking::Ranking;
+use selectinfer::method::ranking::Ranking;
+use selectinfer::method::{params::count, LoadPlan, SelectionParams};
 
 fn ranking() -> Ranking {
     Ranking::load(&common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors"))

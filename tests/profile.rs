@@ -3,10 +3,10 @@
 
 mod common;
 
-use selectinfer::generate::Engine;
+use selectinfer::engine::Engine;
+use selectinfer::method::ranking::{Ranking, MODEL_WIDE};
 use selectinfer::model::{weights_sha256, Config, LoadOptions};
-use selectinfer::profile::{self, DatasetSpec, ProfileConfig};
-use selectinfer::ranking::{Ranking, MODEL_WIDE};
+use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

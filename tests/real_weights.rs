@@ -13,7 +13,7 @@
 
 mod common;
 
-use selectinfer::generate::{Engine, GenerateOptions};
+use selectinfer::engine::{Engine, GenerateOptions};
 use selectinfer::model::LoadOptions;
 
 const MARGIN: f32 = 0.25;
@@ -110,7 +110,7 @@ fn chat_prompt_answers_sensibly() {
         "unexpected answer: {:?}",
         out.text
     );
-    assert_eq!(out.stop_reason, selectinfer::generate::StopReason::Eos);
+    assert_eq!(out.stop_reason, selectinfer::engine::StopReason::Eos);
 }
 
 /// The CPU decode step runs a token on plain buffers (`Model::decode_cpu`,

@@ -3,9 +3,9 @@
 
 mod common;
 
-use selectinfer::model::{LoadOptions, Model};
-use selectinfer::plan::{LoadPlan, SelectionParams};
-use selectinfer::ranking::Ranking;
+use selectinfer::method::ranking::Ranking;
+use selectinfer::method::{LoadPlan, SelectionParams};
+use selectinfer::model::{FfnRows, LoadOptions, Model};
 
 fn plan(load_ratio: f64) -> LoadPlan {
     let ranking = Ranking::load(
@@ -27,7 +27,7 @@ fn load(plan: Option<LoadPlan>) -> Model {
     Model::from_dir(
         &common::model_dir("smollm2-135m-instruct"),
         &LoadOptions {
-            plan,
+            ffn: plan.map_or(FfnRows::All, |p| p.ffn_rows()),
             ..Default::default()
         },
     )
@@ -95,10 +95,10 @@ fn loaded_neurons_and_bytes_match_the_plan() {
 
 mod compute {
     use super::common;
-    use selectinfer::generate::{Chosen, Engine, GenerateOptions};
+    use selectinfer::engine::{generate::Chosen, Engine, GenerateOptions};
+    use selectinfer::method::SelectionParams;
+    use selectinfer::method::{Method, Mode};
     use selectinfer::model::LoadOptions;
-    use selectinfer::plan::SelectionParams;
-    use selectinfer::selective::{Method, Mode};
 
     fn engine(mode: Mode, load_ratio: f64, compute_ratio: f64) -> Engine {
         engine_with(mode, load_ratio, compute_ratio, &LoadOptions::default())
@@ -148,7 +148,7 @@ mod compute {
         assert!(diff < 1e-3, "logits differ by {diff}");
     }
 
-    fn run(e: &mut Engine) -> selectinfer::generate::Generation {
+    fn run(e: &mut Engine) -> selectinfer::engine::Generation {
         let opts = GenerateOptions {
             max_new_tokens: 8,
             ignore_eos: true,
@@ -211,7 +211,7 @@ mod compute {
         assert_eq!(a.token_ids, b.token_ids, "same weights, same tokens");
         assert_eq!(b.compute_ratio, 1.0);
         assert_eq!(a.decode_weight_bytes, b.decode_weight_bytes);
-        assert!(offload.model.ffn_offloaded());
+        assert!(offload.model.ffn_streamed());
         for block in &offload.model.blocks {
             assert_eq!(block.mlp.width(), 0, "no FFN neuron held in memory");
         }

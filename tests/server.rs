@@ -4,12 +4,12 @@
 
 mod common;
 
-use selectinfer::generate::Sampling;
-use selectinfer::selective::Mode;
-use selectinfer::server::{
+use selectinfer::engine::spec::EngineSpec;
+use selectinfer::engine::Sampling;
+use selectinfer::method::Mode;
+use selectinfer::serve::server::{
     CancelToken, Job, Reply, Request, RuntimeSettings, Server, ServerConfig,
 };
-use selectinfer::spec::EngineSpec;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

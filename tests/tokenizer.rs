@@ -4,7 +4,7 @@
 
 mod common;
 
-use selectinfer::text::TextCodec;
+use selectinfer::engine::text::TextCodec;
 
 fn check(model: &str) {
     let codec = TextCodec::from_dir(&common::model_dir(model), &[]).unwrap();
@@ -52,7 +52,7 @@ fn check_stream(model: &str) {
     let mut split_chars = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let ids = common::ids(&case["ids"]);
-        let mut stream = selectinfer::text::TextStream::new(&codec);
+        let mut stream = selectinfer::engine::text::TextStream::new(&codec);
         let mut streamed = String::new();
         for &id in &ids {
             match stream.push(id).unwrap() {

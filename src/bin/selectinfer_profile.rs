@@ -3,9 +3,9 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use selectinfer::generate::Engine;
+use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
-use selectinfer::profile::{self, ProfileConfig};
+use selectinfer::tools::profile::{self, ProfileConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use selectinfer::replay::ros::{run, ReplayOptions, Timing};
+use selectinfer::serve::replay::ros::{run, ReplayOptions, Timing};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,7 +21,7 @@ struct Args {
     #[arg(long = "topic")]
     topics: Vec<String>,
     /// recorded: the bag's arrival times; fast: as fast as the node takes them.
-    #[arg(long, value_enum, default_value = "recorded")]
+    #[arg(long, default_value_t = Timing::Recorded)]
     timing: Timing,
     /// Speed-up of the recorded timing.
     #[arg(long, default_value_t = 1.0)]

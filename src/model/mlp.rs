@@ -18,7 +18,7 @@
 //! prefill still computes every held neuron from the same tensors.
 
 use crate::model::linear::{is_single_row, Linear};
-use crate::rowread::RowSource;
+use crate::model::rowread::RowSource;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;
@@ -149,7 +149,7 @@ impl Mlp {
     /// and `down_t [front; back]`, each segment in canonical order.
     ///
     /// On the CPU the rows are rewritten in place, in the storage loaded
-    /// (and put on huge pages, [`crate::hugepages`]) at load time: the
+    /// (and put on huge pages, [`crate::sys::hugepages`]) at load time: the
     /// gathered copy is dropped at once, so no second copy of the layer
     /// stays in memory. Elsewhere the MLP gets the new buffers and the old
     /// ones are freed. Clones of an `Mlp` share its storage, so arrange only
@@ -266,10 +266,10 @@ impl Mlp {
         self.width
     }
 
-    /// Moves the weights onto huge pages ([`crate::hugepages`]).
+    /// Moves the weights onto huge pages ([`crate::sys::hugepages`]).
     pub fn collapse_to_huge_pages(&self) {
-        crate::hugepages::collapse_tensor(self.gate_up.weight());
-        crate::hugepages::collapse_tensor(&self.down_t);
+        crate::sys::hugepages::collapse_tensor(self.gate_up.weight());
+        crate::sys::hugepages::collapse_tensor(&self.down_t);
     }
 
     /// Bytes of weights read per token.

@@ -1,0 +1,157 @@
+//! `selectinfer` command-line tool: prepare models, generate text, evaluate,
+//! benchmark, write synthetic models, check a device against the CPU. Each
+//! command parses its flags ([`cli`]), calls the library and prints.
+
+mod cli;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use cli::{Cli, Command};
+use selectinfer::engine::{GenerateOptions, Generator, Sampling};
+use selectinfer::method::Mode;
+use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
+use selectinfer::tools::{eval, gguf, parity, prepare, synth};
+use std::io::Write;
+use std::process::ExitCode;
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::PrepareModel { name, dir, dtype } => {
+            println!("{}", prepare::prepare_model(&name, &dir, dtype)?.display());
+        }
+        Command::Generate {
+            model,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            json,
+        } => {
+            let sampling = Sampling {
+                temperature,
+                top_p,
+                seed,
+            };
+            sampling.validate()?;
+            let opts = GenerateOptions {
+                max_new_tokens,
+                sampling,
+                ignore_eos: false,
+            };
+            let mut engine = model.spec().load()?;
+            let out = engine.generate_chat(&prompt, &opts, |piece| {
+                if !json {
+                    print!("{piece}");
+                    let _ = std::io::stdout().flush();
+                }
+                true
+            })?;
+            match json {
+                true => println!("{}", serde_json::to_string_pretty(&out)?),
+                false => println!(),
+            }
+        }
+        Command::Eval {
+            model,
+            data,
+            template,
+            limit,
+            max_new_tokens,
+            out,
+            engine: kind,
+            prompts_only,
+            json,
+        } => {
+            if kind == BenchEngine::CandleGguf && model.method.mode != Mode::Dense {
+                bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
+            }
+            let mut engine: Box<dyn Generator> = match kind {
+                BenchEngine::Dense => Box::new(model.spec().load()?),
+                BenchEngine::CandleGguf => Box::new(gguf::GgufEngine::load(&model.model)?),
+            };
+            let opts = eval::EvalOptions {
+                data,
+                template,
+                limit,
+                generate: GenerateOptions {
+                    max_new_tokens,
+                    ..Default::default()
+                },
+                outputs: out.clone(),
+            };
+            if prompts_only {
+                let n = eval::write_prompts(engine.as_ref(), &opts, &out)?;
+                println!("{n} prompts written to {}", out.display());
+                return Ok(());
+            }
+            let report = eval::run(engine.as_mut(), &opts)?;
+            match json {
+                true => println!("{}", serde_json::to_string_pretty(&report)?),
+                false => println!("{report}"),
+            }
+        }
+        Command::SynthModel {
+            shape,
+            out,
+            seed,
+            dtype,
+        } => {
+            synth::write_model(&shape, &out, seed, dtype.dtype())?;
+            println!("{}", out.display());
+        }
+        Command::DeviceCheck {
+            model,
+            modes,
+            prompt,
+            steps,
+        } => {
+            if model.device.trim() == "cpu" {
+                bail!("device-check compares the CPU with another device: pass --device cuda:N");
+            }
+            let reports = modes
+                .iter()
+                .map(|&mode| {
+                    let spec = selectinfer::engine::EngineSpec {
+                        mode,
+                        ..model.spec()
+                    };
+                    parity::parity(&spec, &model.device, &prompt, steps)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            println!("{}", serde_json::to_string_pretty(&reports)?);
+        }
+        Command::Bench {
+            model,
+            engine,
+            new_tokens,
+            bandwidth,
+            json,
+        } => {
+            let spec = model.spec();
+            let opts = BenchOptions {
+                method: spec.method()?,
+                engine,
+                new_tokens,
+                measure_bandwidth: bandwidth,
+            };
+            let report = bench::run(&spec.model, &spec.load_options()?, &opts)?;
+            match json {
+                true => println!("{}", serde_json::to_string_pretty(&report)?),
+                false => println!("{report}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

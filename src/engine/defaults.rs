@@ -1,0 +1,197 @@
+//! Every default of the engine, in one place: the CLI's flags, the ROS
+//! node's parameters (and so `config/node.yaml`, which a test compares with
+//! the node's declared defaults) and the library's `Default` impls all read
+//! these. Change a default here and nowhere else.
+
+use super::decode::GenerateOptions;
+use super::sampling::Sampling;
+use super::spec::EngineSpec;
+use crate::method::{Mode, SelectionParams};
+use crate::model::{FfnRows, LoadOptions};
+use crate::sys::device::WeightDtype;
+use candle_core::{DType, Device};
+use std::path::PathBuf;
+
+/// The settings a front end starts from when it is told nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    /// Model folder, relative to the working directory.
+    pub model: &'static str,
+    pub dtype: WeightDtype,
+    /// `cpu` or `cuda:N`.
+    pub device: &'static str,
+    pub mode: Mode,
+    /// Task whose base neurons are loaded and static.
+    pub task: &'static str,
+    /// γ, δ, φ, α (fractions of a layer's FFN width; see
+    /// [`crate::method::params`]).
+    pub load_ratio: f64,
+    pub static_ratio: f64,
+    pub compute_ratio: f64,
+    pub token_ratio: f64,
+    /// Layers kept whole; negative counts from the end (-1 = the last).
+    pub dense_layers: &'static [i64],
+    /// Seed of the `random-load` subset.
+    pub plan_seed: u64,
+    /// Prompt tokens per forward pass; longer prompts are prefilled in
+    /// chunks. 512: large enough that matmuls stay efficient, small enough
+    /// that a 4096-token prompt's temporaries stay far below the weights of
+    /// the models we serve.
+    pub prefill_chunk: usize,
+    /// New tokens of a request that names no limit.
+    pub max_new_tokens: usize,
+    /// 0 = greedy.
+    pub temperature: f64,
+    pub top_p: f64,
+    pub seed: u64,
+}
+
+/// The command line's defaults: dense, with the paper's operating point
+/// (γ 0.7, δ 0.2, φ 0.4, α 0.2) ready for `--mode`.
+pub const CLI: Defaults = Defaults {
+    model: "models/smollm2-135m-instruct",
+    dtype: WeightDtype::F32,
+    device: "cpu",
+    mode: Mode::Dense,
+    task: "qa",
+    load_ratio: 0.7,
+    static_ratio: 0.2,
+    compute_ratio: 0.4,
+    token_ratio: 0.2,
+    dense_layers: &[],
+    plan_seed: 0,
+    prefill_chunk: 512,
+    max_new_tokens: 128,
+    temperature: 0.0,
+    top_p: 1.0,
+    seed: 299792458,
+};
+
+/// The ROS node's defaults (`config/node.yaml` states the same values).
+/// SmolLM2-135M is small: the paper's γ 0.7, φ 0.4 degrades its answers
+/// badly, and computing fewer than the loaded neurons (φ < γ) often ends in
+/// repetition (docs/RESULTS.md), so the node loads 90 % of the FFN and
+/// computes all of it; switch to selectinfer on larger models.
+pub const NODE: Defaults = Defaults {
+    mode: Mode::LoadOnly,
+    load_ratio: 0.9,
+    static_ratio: 0.3,
+    compute_ratio: 0.7,
+    token_ratio: 0.5,
+    dense_layers: &[0, -1],
+    ..CLI
+};
+
+/// The model `prepare-model` fetches when told no name (small enough for CI).
+pub const MODEL_NAME: &str = "smollm2-135m-instruct";
+/// Where `prepare-model` puts model folders.
+pub const MODELS_DIR: &str = "models";
+
+/// Node only: requests waiting at most; more are rejected.
+pub const QUEUE_DEPTH: usize = 8;
+/// Node only: the `std_msgs/String` instruction topic.
+pub const INSTRUCTION_TOPIC: &str = "~/instructions";
+/// Node only: seconds between `/diagnostics` messages.
+pub const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
+/// Tasks a request may name when the mode has no ranking file.
+pub const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
+/// `selectinfer eval`: new tokens per example.
+pub const EVAL_MAX_NEW_TOKENS: usize = 64;
+/// `selectinfer bench`: tokens decoded per prompt.
+pub const BENCH_NEW_TOKENS: usize = 64;
+
+impl Defaults {
+    /// The method's parameters these defaults give, with `dense_layers`
+    /// resolved for a model of `num_layers` layers (`None`: take only the
+    /// non-negative entries, for callers that do not know the model yet).
+    pub fn selection_params(&self, num_layers: Option<usize>) -> SelectionParams {
+        let dense_layers = self
+            .dense_layers
+            .iter()
+            .filter_map(|&l| match (l < 0, num_layers) {
+                (false, _) => Some(l as usize),
+                (true, Some(n)) => (n as i64 + l >= 0).then(|| (n as i64 + l) as usize),
+                (true, None) => None,
+            })
+            .collect();
+        SelectionParams {
+            load_ratio: self.load_ratio,
+            static_ratio: self.static_ratio,
+            compute_ratio: self.compute_ratio,
+            token_ratio: self.token_ratio,
+            dense_layers,
+            task: self.task.into(),
+        }
+    }
+
+    /// The engine these defaults describe.
+    pub fn engine_spec(&self) -> EngineSpec {
+        EngineSpec {
+            model: PathBuf::from(self.model),
+            dtype: self.dtype,
+            device: self.device.into(),
+            mode: self.mode,
+            ranking: None,
+            params: self.selection_params(None),
+            plan_seed: self.plan_seed,
+            prefill_chunk: self.prefill_chunk,
+        }
+    }
+
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        CLI.engine_spec()
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        CLI.sampling()
+    }
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: CLI.max_new_tokens,
+            sampling: Sampling::default(),
+            ignore_eos: false,
+        }
+    }
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F32,
+            device: Device::Cpu,
+            max_context: None,
+            ffn: FfnRows::All,
+            prefill_chunk: CLI.prefill_chunk,
+        }
+    }
+}
+
+/// For serde: a spec file without `prefill_chunk` gets the default.
+pub(crate) fn prefill_chunk() -> usize {
+    CLI.prefill_chunk
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_model_folder_is_where_prepare_model_puts_the_default_model() {
+        assert_eq!(CLI.model, format!("{MODELS_DIR}/{MODEL_NAME}"));
+    }
+}

@@ -1,0 +1,305 @@
+//! Our engine: a model with its tokenizer and, for selective modes, the
+//! per-prompt selection rules — prefill with selection, the per-prompt
+//! arrangement of the chosen rows, then decode on them.
+
+use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
+use super::text::TextCodec;
+use crate::method::{LayerSelector, Method, PromptCounts};
+use crate::model::{KvCache, LoadOptions, Mlp, Model};
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use std::path::Path;
+use std::time::Instant;
+
+/// A model with its tokenizer (and, for selective modes, the per-prompt
+/// selection rules): what `generate`, `bench` and the node drive.
+pub struct Engine {
+    pub model: Model,
+    pub codec: TextCodec,
+    pub method: Option<Method>,
+    selectors: Option<Vec<Option<LayerSelector>>>,
+}
+
+/// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
+/// (`None`: the layer's own MLP).
+type DecodeMlps = Vec<Option<Mlp>>;
+/// Per-layer rows chosen for a prompt (`None`: the layer computes all it holds).
+pub type Chosen = Vec<Option<Vec<usize>>>;
+
+impl Engine {
+    /// Loads a dense engine.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        Self::load_with_method(dir, opts, None)
+    }
+
+    /// Loads an engine running `method` (selective loading per its plan,
+    /// selective computation per prompt).
+    pub fn load_with_method(
+        dir: &Path,
+        opts: &LoadOptions,
+        method: Option<Method>,
+    ) -> Result<Self> {
+        let mut opts = opts.clone();
+        if let Some(m) = &method {
+            opts.ffn = m.ffn_rows();
+        }
+        let model = Model::from_dir(dir, &opts)?;
+        let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
+        let mlps: Vec<&Mlp> = model.blocks.iter().map(|b| &b.mlp).collect();
+        let selectors = method
+            .as_ref()
+            .and_then(|m| m.selector(&mlps, model.config().intermediate_size));
+        Ok(Self {
+            model,
+            codec,
+            method,
+            selectors,
+        })
+    }
+
+    /// φ and α the engine selects with per prompt, `None` when the mode
+    /// computes every loaded neuron (dense, load-only).
+    pub fn selection(&self) -> Option<(f64, f64)> {
+        self.selectors.as_ref()?;
+        let p = &self.method.as_ref()?.params;
+        Some((p.compute_ratio, p.token_ratio))
+    }
+
+    /// Changes φ (`compute_ratio`) and α (`token_ratio`) for the next prompts,
+    /// validated against the load-time γ and δ. Only modes that select per
+    /// prompt (selectinfer, coreinfer, random-load) accept it.
+    pub fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
+        let method = match (&self.method, &self.selectors) {
+            (Some(m), Some(_)) => m,
+            (m, _) => bail!(
+                "mode {} computes every loaded neuron; compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load",
+                m.as_ref().map_or("dense", |m| m.mode.name())
+            ),
+        };
+        let mut method = method.clone();
+        let cfg = self.model.config();
+        method.params =
+            method
+                .params
+                .with_selection(compute_ratio, token_ratio, cfg.num_hidden_layers)?;
+        let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
+        self.selectors = method.selector(&mlps, cfg.intermediate_size);
+        self.method = Some(method);
+        Ok(())
+    }
+
+    /// Runs the prompt; for selective modes also picks each layer's neurons
+    /// (rows of the loaded MLP) from the prompt's activations.
+    fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<(Tensor, Option<Chosen>)> {
+        let Some(selectors) = &self.selectors else {
+            return Ok((self.model.forward(prompt, cache)?, None));
+        };
+        let mut counts = vec![PromptCounts::default(); selectors.len()];
+        let blocks = &self.model.blocks;
+        // Called once per layer and prefill chunk: counts add up over chunks.
+        let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
+            if let Some(sel) = &selectors[layer] {
+                counts[layer].add(sel.counts(&blocks[layer].mlp.to_canonical(a)?)?)?;
+            }
+            Ok(())
+        };
+        let logits = self.model.forward_observed(prompt, cache, &mut observe)?;
+        let chosen: Chosen = selectors
+            .iter()
+            .zip(&counts)
+            .map(|(sel, c)| sel.as_ref().map(|s| s.pick(c)).transpose())
+            .collect::<Result<_>>()?;
+        Ok((logits, Some(chosen)))
+    }
+
+    /// Contiguous weights of the chosen rows, built once per prompt: each
+    /// layer's held rows are rearranged with the chosen ones in front (in
+    /// place on the CPU, layer by layer elsewhere, so no second copy of the
+    /// chosen neurons stays in memory), and decode runs on views of the fronts.
+    fn arrange(&mut self, chosen: &Chosen) -> Result<DecodeMlps> {
+        if chosen.len() != self.model.blocks.len() {
+            bail!(
+                "{} layers of chosen rows for a model of {} layers",
+                chosen.len(),
+                self.model.blocks.len()
+            );
+        }
+        chosen
+            .iter()
+            .zip(self.model.blocks.iter_mut())
+            .enumerate()
+            .map(|(layer, (c, b))| {
+                let Some(rows) = c else { return Ok(None) };
+                b.mlp
+                    .arrange(rows)
+                    .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
+                Ok(Some(b.mlp.front()?))
+            })
+            .collect()
+    }
+
+    /// FFN neurons computed per decode token / all FFN neurons, and weight
+    /// bytes read per decode token, given the prompt's chosen rows.
+    fn decode_cost(&self, chosen: Option<&Chosen>) -> (f64, u64) {
+        let cfg = self.model.config();
+        let mut neurons = 0usize;
+        let mut bytes = self.model.decode_weight_bytes();
+        for (i, b) in self.model.blocks.iter().enumerate() {
+            match chosen.and_then(|c| c[i].as_ref()) {
+                Some(rows) => {
+                    neurons += rows.len();
+                    // Every neuron of a layer has the same bytes (gate, up, down).
+                    let per_neuron = b.mlp.weight_bytes() / b.mlp.width().max(1);
+                    bytes = bytes - b.mlp.weight_bytes() + per_neuron * rows.len();
+                }
+                None if self.model.ffn_streamed() => neurons += cfg.intermediate_size,
+                None => neurons += b.mlp.width(),
+            }
+        }
+        (
+            neurons as f64 / (cfg.num_hidden_layers * cfg.intermediate_size) as f64,
+            bytes as u64,
+        )
+    }
+
+    /// Checks a request against the model before any work is done.
+    pub fn validate(&self, prompt_tokens: usize, opts: &GenerateOptions) -> Result<()> {
+        opts.sampling.validate()?;
+        let ctx = self.model.max_context();
+        if opts.max_new_tokens == 0 {
+            bail!("max_new_tokens must be at least 1");
+        }
+        if opts.max_new_tokens >= ctx {
+            bail!(
+                "max_new_tokens {} exceeds the context of {ctx} tokens",
+                opts.max_new_tokens
+            );
+        }
+        if prompt_tokens + opts.max_new_tokens > ctx {
+            bail!(
+                "the prompt has {prompt_tokens} tokens; with max_new_tokens {} it exceeds the context of {ctx} tokens",
+                opts.max_new_tokens
+            );
+        }
+        Ok(())
+    }
+
+    /// Logits after the prompt and after each of the `forced` tokens fed in
+    /// turn (teacher forcing), through the same prefill, selection and
+    /// compact-weight path as generation; also the rows chosen per layer.
+    /// For comparing devices on identical inputs.
+    /// With `rows`, those rows are used instead of the engine's own choice
+    /// (to compare devices on the same selection).
+    pub fn forced_logits(
+        &mut self,
+        prompt: &[u32],
+        forced: &[u32],
+        rows: Option<&Chosen>,
+    ) -> Result<(Vec<Vec<f32>>, Option<Chosen>)> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        let mut cache = self.model.new_cache();
+        let (logits, chosen) = match rows {
+            Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
+            None => self.prefill(prompt, &mut cache)?,
+        };
+        let compact = chosen.as_ref().map(|c| self.arrange(c)).transpose()?;
+        let mut out = vec![logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?];
+        for &t in forced {
+            let logits = match &compact {
+                Some(mlps) => self.model.forward_with_mlps(&[t], &mut cache, mlps)?,
+                None => self.model.forward(&[t], &mut cache)?,
+            };
+            out.push(logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?);
+        }
+        Ok((out, chosen))
+    }
+
+    /// Chat-formats `prompt` and generates a reply.
+    pub fn generate_chat(
+        &mut self,
+        prompt: &str,
+        opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        let ids = self.codec.chat_prompt_ids(prompt)?;
+        self.generate_ids(&ids, opts, on_text)
+    }
+
+    /// Generates from prompt token ids. `on_text` receives each completed
+    /// piece of text; returning `false` stops generation (cancel).
+    pub fn generate_ids(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        self.validate(prompt.len(), opts)?;
+        let codec = self.codec.clone();
+        let mut steps = EngineSteps {
+            cache: self.model.new_cache(),
+            engine: self,
+            chosen: None,
+            compact: None,
+        };
+        let out = decode_loop(&codec, prompt, opts, &mut steps, &mut on_text)?;
+        let chosen = steps.chosen.take();
+        let (compute_ratio, decode_weight_bytes) = self.decode_cost(chosen.as_ref());
+        Ok(out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes))
+    }
+}
+
+impl Generator for Engine {
+    fn codec(&self) -> &TextCodec {
+        &self.codec
+    }
+    fn max_context(&self) -> usize {
+        self.model.max_context()
+    }
+    fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+        self.generate_ids(prompt, opts, |_| true)
+    }
+}
+
+/// Our engine's steps: selection at prefill, compact weights after the first token.
+struct EngineSteps<'a> {
+    engine: &'a mut Engine,
+    cache: KvCache,
+    chosen: Option<Chosen>,
+    compact: Option<DecodeMlps>,
+}
+
+impl Steps for EngineSteps<'_> {
+    fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor> {
+        let (engine, cache) = (&*self.engine, &mut self.cache);
+        // On a rayon worker: candle's prefill matmuls split over rayon's
+        // threads, and this one then works on them instead of sleeping.
+        let (logits, chosen) = rayon::scope(|_| engine.prefill(prompt, cache))?;
+        self.chosen = chosen;
+        Ok(logits)
+    }
+
+    fn after_first_token(&mut self) -> Result<f64> {
+        let Some(c) = &self.chosen else {
+            return Ok(0.0);
+        };
+        let t = Instant::now();
+        self.compact = Some(self.engine.arrange(c)?);
+        // GPU work is queued: wait for it so the build is timed, not the next step.
+        self.engine.model.device().synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn step(&mut self, token: u32) -> Result<Tensor> {
+        let (model, cache, mlps) = (&self.engine.model, &mut self.cache, &self.compact);
+        // The step's parallel kernels run on `spin_pool`'s threads and this one.
+        match mlps {
+            Some(mlps) => model.forward_with_mlps(&[token], cache, mlps),
+            None => model.forward(&[token], cache),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The engine (layer 4): the one loader ([`spec`], with every default in
+//! [`defaults`]), our engine ([`generate`]: prefill + selection + decode on
+//! the chosen rows), the decode loop any engine shares ([`decode`]),
+//! sampling and the tokenizer/chat-template side ([`text`]).
+
+pub mod decode;
+pub mod defaults;
+pub mod generate;
+pub mod sampling;
+pub mod spec;
+pub mod text;
+
+pub use decode::{GenerateOptions, Generation, Generator, StopReason};
+pub use generate::Engine;
+pub use sampling::Sampling;
+pub use spec::EngineSpec;

@@ -1,0 +1,104 @@
+//! CPU kernels for the single-token (decode) path.
+//!
+//! Decode is memory-bound: every weight is read once per token. candle's
+//! general matmul streams ~20 GB/s on our CPUs for a `[1, K] x [N, K]^T`
+//! product, well below the ~30 GB/s the memory delivers (see
+//! `../shared/notes/cpu-perf-facts.md`). These kernels are plain row-dot and
+//! row-axpy loops, vectorised with AVX2/FMA/F16C when the CPU has them, split
+//! over the threads of [`crate::kernels::spin_pool`] in contiguous row blocks so each
+//! thread streams its own part of the matrix, in memory order. They work on
+//! raw slices: the model's CPU decode step (`Model::decode_cpu`) runs a whole
+//! token on plain buffers, reading weights through [`with_weight`], so no
+//! candle op (allocation, dispatch) sits between two kernels while the other
+//! threads wait. Other devices use candle's ops.
+
+mod attention;
+mod gather;
+pub mod matvec;
+mod mlp;
+mod norm;
+pub mod portable;
+mod rope;
+pub mod spin_pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use attention::decode_attention;
+pub use gather::gather_rows;
+pub use matvec::{matvec, WeightElem};
+pub use mlp::{swiglu_mlp, swiglu_mlp_weights};
+pub use norm::rms_norm_row;
+pub use rope::rope_row;
+
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+use half::f16;
+
+/// A CPU weight matrix's data, by dtype.
+pub enum Weight<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl Weight<'_> {
+    /// `out = self · x` ([`matvec()`]).
+    pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
+        match self {
+            Weight::F32(w) => matvec(w, x, out),
+            Weight::F16(w) => matvec(w, x, out),
+        }
+    }
+}
+
+/// Runs `f` on the data of a CPU tensor of f32 values, with its layout
+/// (views such as a KV cache's filled part are strided).
+pub fn with_f32_layout<R>(t: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => f(v, layout),
+        _ => candle_core::bail!(
+            "expected an f32 CPU tensor, found {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        ),
+    }
+}
+
+/// Runs `f` on the data of a contiguous f32 CPU tensor.
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    with_f32_layout(t, |v, l| match l.contiguous_offsets() {
+        Some((a, b)) => f(&v[a..b]),
+        None => candle_core::bail!("expected a contiguous tensor"),
+    })
+}
+
+/// Runs `f` on the data of a contiguous f32 or f16 CPU tensor (a weight).
+pub fn with_weight<R>(t: &Tensor, f: impl FnOnce(Weight<'_>) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Some((a, b)) = layout.contiguous_offsets() else {
+        candle_core::bail!("weight must be contiguous");
+    };
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => f(Weight::F32(&v[a..b])),
+        Storage::Cpu(CpuStorage::F16(v)) => f(Weight::F16(&v[a..b])),
+        _ => candle_core::bail!(
+            "decode kernels take f32/f16 CPU weights, not {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        ),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_data {
+    pub fn reference_matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+        w.chunks(x.len())
+            .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    }
+
+    pub fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+}

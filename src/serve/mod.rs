@@ -1,0 +1,8 @@
+//! Serving (layer 5): the request queue any front end drives
+//! ([`server`]), the ROS 2 node on top of it ([`node`], feature `ros`), and
+//! rosbag replay against a running node ([`replay`]).
+
+#[cfg(feature = "ros")]
+pub mod node;
+pub mod replay;
+pub mod server;

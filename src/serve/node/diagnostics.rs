@@ -1,0 +1,77 @@
+//! `/diagnostics`: the server's statistics as a `DiagnosticArray`, published
+//! on a timer.
+
+use super::params::{NodeParams, ParamHandle};
+use super::NODE_NAME;
+use crate::serve::server::{Server, Stats};
+use r2r::{diagnostic_msgs, std_msgs, Publisher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(super) fn diagnostics(
+    stats: &Stats,
+    params: &NodeParams,
+    now: Duration,
+) -> diagnostic_msgs::msg::DiagnosticArray {
+    use diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
+    let kv = |k: &str, v: String| KeyValue {
+        key: k.into(),
+        value: v,
+    };
+    let full = stats.queued >= stats.queue_capacity;
+    let status = DiagnosticStatus {
+        level: if full {
+            DiagnosticStatus::WARN as u8
+        } else {
+            DiagnosticStatus::OK as u8
+        },
+        name: format!("{NODE_NAME}: generation"),
+        message: match (full, stats.busy) {
+            (true, _) => "queue full: new requests are rejected".into(),
+            (false, true) => "generating".into(),
+            (false, false) => "idle".into(),
+        },
+        hardware_id: params.engine.device.clone(),
+        values: vec![
+            kv("queue_depth", stats.queued.to_string()),
+            kv("queue_capacity", stats.queue_capacity.to_string()),
+            kv("busy", stats.busy.to_string()),
+            kv("tokens_per_s", format!("{:.2}", stats.last_tokens_per_s)),
+            kv("rss_bytes", stats.rss_bytes.to_string()),
+            kv("peak_rss_bytes", stats.peak_rss_bytes.to_string()),
+            kv("completed", stats.completed.to_string()),
+            kv("failed", stats.failed.to_string()),
+            kv("rejected", stats.rejected.to_string()),
+            kv("cancelled", stats.cancelled.to_string()),
+            kv("mode", params.engine.mode.name().into()),
+            kv("model", params.engine.model.display().to_string()),
+        ],
+    };
+    DiagnosticArray {
+        header: std_msgs::msg::Header {
+            stamp: r2r::Clock::to_builtin_time(&now),
+            frame_id: String::new(),
+        },
+        status: vec![status],
+    }
+}
+
+/// Publishes the statistics on every tick of `timer`.
+pub(super) async fn publish_on(
+    mut timer: r2r::Timer,
+    publisher: Publisher<diagnostic_msgs::msg::DiagnosticArray>,
+    server: Arc<Server>,
+    handle: Arc<Mutex<ParamHandle>>,
+) {
+    let mut clock = r2r::Clock::create(r2r::ClockType::SystemTime).ok();
+    while timer.tick().await.is_ok() {
+        let now = clock
+            .as_mut()
+            .and_then(|c| c.get_now().ok())
+            .unwrap_or_default();
+        let params = handle.lock().unwrap().params.clone();
+        if let Err(e) = publisher.publish(&diagnostics(&server.stats(), &params, now)) {
+            log::warn!("publishing diagnostics: {e}");
+        }
+    }
+}

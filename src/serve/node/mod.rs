@@ -1,0 +1,165 @@
+//! `selectinfer_node`: the ROS 2 node (r2r), a thin shell over
+//! [`crate::serve::server`]. Interfaces (package `selectinfer_msgs`, in `msg/`):
+//! - service `~/generate` (`selectinfer_msgs/srv/Generate`);
+//! - topic `~/prompt` (`selectinfer_msgs/msg/Prompt`) and plain
+//!   `std_msgs/String` instructions on `instruction_topic`, answered on
+//!   `~/response` (`selectinfer_msgs/msg/Response`, same request id);
+//! - `~/tokens` (`selectinfer_msgs/msg/Token`): streamed text of every request;
+//! - action `~/generate_stream` (`selectinfer_msgs/action/Generate`): the
+//!   same request as a goal, new text as feedback, cancel within one decode
+//!   step; goals beyond the queue are rejected at acceptance (the reason goes
+//!   to `~/response` under the goal's request id);
+//! - `/diagnostics` (`diagnostic_msgs/DiagnosticArray`): queue depth,
+//!   tokens/s, RSS, request counters.
+//!
+//! The ROS executor thread only moves messages: generation runs on the
+//! server's worker thread, which answers services and publishes directly.
+//! One file per interface ([`service`], [`topics`], [`action`],
+//! [`diagnostics`], [`params`]); [`messages`] converts between their
+//! messages and the server's types; this file only wires them up.
+
+mod action;
+mod diagnostics;
+mod messages;
+mod params;
+mod service;
+mod topics;
+
+use crate::serve::server::Server;
+use action::GoalWatch;
+use anyhow::{Context as _, Result};
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use futures::StreamExt;
+use messages::Outputs;
+use params::{NodeParams, ParamHandle};
+use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
+use r2r::{diagnostic_msgs, std_msgs, QosProfile};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use params::PARAMETERS;
+
+/// Name the node runs under (the parameters file may key on it or `/**`).
+pub const NODE_NAME: &str = "selectinfer_node";
+
+/// Runs the node until SIGINT/SIGTERM; start-up errors give exit code 2.
+pub fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{NODE_NAME}: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Loads the engine, creates every interface, then spins until a signal.
+fn run() -> Result<()> {
+    let ctx = r2r::Context::create().context("creating the ROS context")?;
+    let mut node = r2r::Node::create(ctx, NODE_NAME, "").context("creating the ROS node")?;
+    let params = {
+        let overrides = node.params.lock().unwrap();
+        NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
+    };
+    log::info!("loading: {}", params.summary());
+    let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
+    log::info!(
+        "ready: {} tasks ({}), peak RSS {:.0} MiB",
+        server.mode().name(),
+        server.tasks().join(", "),
+        crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
+    );
+    let handle = Arc::new(Mutex::new(ParamHandle {
+        params: params.clone(),
+        server: server.clone(),
+    }));
+    // r2r hands each service request and message through a small channel
+    // (10) and drops what does not fit, so every stream is drained on the
+    // spinning thread right after each spin (LocalPool), never elsewhere.
+    let mut pool = LocalPool::new();
+    let spawner = pool.spawner();
+    let (param_server, mut param_events) = node.make_derived_parameter_handler(handle.clone())?;
+    spawner.spawn_local(param_server)?;
+    spawner.spawn_local(async move { while param_events.next().await.is_some() {} })?;
+
+    let deep = |n| QosProfile::default().keep_last(n);
+    let out = Outputs {
+        tokens: Arc::new(Mutex::new(node.create_publisher("~/tokens", deep(1000))?)),
+        responses: Arc::new(Mutex::new(node.create_publisher("~/response", deep(100))?)),
+    };
+    let services = node.create_service::<Generate::Service>(
+        "~/generate",
+        QosProfile::services_default().keep_last(1000),
+    )?;
+    let goals = node.create_action_server::<GenerateAction::Action>("~/generate_stream")?;
+    let prompts = node.subscribe::<si::Prompt>("~/prompt", deep(1000))?;
+    let instructions =
+        node.subscribe::<std_msgs::msg::String>(&params.instruction_topic, deep(1000))?;
+    let diag_pub = node.create_publisher::<diagnostic_msgs::msg::DiagnosticArray>(
+        "/diagnostics",
+        QosProfile::default(),
+    )?;
+    let diag_timer =
+        node.create_wall_timer(Duration::from_secs_f64(params.diagnostics_period_s))?;
+    let watch = Arc::new(Mutex::new(GoalWatch::default()));
+    let (s, o) = (&server, &out);
+    spawner.spawn_local(service::serve(services, s.clone(), o.clone()))?;
+    spawner.spawn_local(topics::serve_prompts(prompts, s.clone(), o.clone()))?;
+    spawner.spawn_local(topics::serve_instructions(
+        instructions,
+        s.clone(),
+        o.clone(),
+    ))?;
+    let goal_task = action::serve(goals, s.clone(), o.clone(), watch.clone(), spawner.clone());
+    spawner.spawn_local(goal_task)?;
+    spawner.spawn_local(diagnostics::publish_on(
+        diag_timer,
+        diag_pub,
+        s.clone(),
+        handle,
+    ))?;
+
+    log::info!(
+        "{NODE_NAME} serving ~/generate, ~/generate_stream, ~/prompt, {}",
+        params.instruction_topic
+    );
+    spin(&mut node, &mut pool, &watch, &server)?;
+    log::info!("signal received: shutting down");
+    // Answers what is still queued (rejections), then lets the node go.
+    server.shutdown();
+    drop(node);
+    Ok(())
+}
+
+/// The executor: spin, then run every task until it waits again; every
+/// half second while goals run, look for goals whose clients left.
+fn spin(
+    node: &mut r2r::Node,
+    pool: &mut LocalPool,
+    watch: &Mutex<GoalWatch>,
+    server: &Server,
+) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let send_goal_topic = format!(
+        "rq{}/generate_stream/_action/send_goalRequest",
+        node.fully_qualified_name()?
+    );
+    let mut graph_checked = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        node.spin_once(Duration::from_millis(20));
+        pool.run_until_stalled();
+        let watching = !watch.lock().unwrap().goals.is_empty();
+        if watching && graph_checked.elapsed() > Duration::from_millis(500) {
+            graph_checked = Instant::now();
+            action::cancel_abandoned(node, &send_goal_topic, watch, server);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,446 @@
+//! The node's ROS parameters (`config/node.yaml`): parsing, validation and
+//! runtime changes. Load-time parameters are read once at start-up; runtime
+//! ones (φ, α, sampling, max tokens) go to the server for the next request.
+
+use crate::engine::defaults;
+use crate::engine::spec::EngineSpec;
+use crate::method::SelectionParams;
+use crate::model::Config;
+use crate::serve::server::{RuntimeSettings, Server, ServerConfig};
+use anyhow::{bail, Context, Result};
+use r2r::{Parameter, ParameterValue, RosParams};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Parameters and their help text, in the order `ros2 param list` shows.
+pub const PARAMETERS: &[(&str, &str)] = &[
+    ("model", "HF-style model folder (load-time)"),
+    (
+        "ranking",
+        "ranking file; empty = rankings/<model folder>.ranking.safetensors (load-time)",
+    ),
+    (
+        "task",
+        "task whose base neurons are loaded and static (load-time)",
+    ),
+    (
+        "mode",
+        "dense | load-only | selectinfer | coreinfer | random-load (load-time)",
+    ),
+    (
+        "load_ratio",
+        "gamma: FFN neurons loaded per sparse layer (load-time)",
+    ),
+    (
+        "static_ratio",
+        "delta: base neurons always computed (load-time)",
+    ),
+    (
+        "compute_ratio",
+        "phi = delta + epsilon: neurons computed per prompt (runtime)",
+    ),
+    (
+        "token_ratio",
+        "alpha: per-token active fraction at prefill (runtime)",
+    ),
+    (
+        "dense_layers",
+        "layers kept whole; negative counts from the end (load-time)",
+    ),
+    ("plan_seed", "seed of the random-load subset (load-time)"),
+    (
+        "dtype",
+        "f32 | f16 | bf16 weights in memory (bf16: CUDA, compute capability >= 8.0; load-time)",
+    ),
+    ("device", "cpu | cuda:N (load-time)"),
+    (
+        "prefill_chunk",
+        "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
+    ),
+    (
+        "max_new_tokens",
+        "default new-token limit of a request (runtime)",
+    ),
+    (
+        "temperature",
+        "default sampling temperature, 0 = greedy (runtime)",
+    ),
+    ("top_p", "default nucleus mass (runtime)"),
+    ("seed", "default sampling seed (runtime)"),
+    (
+        "queue_depth",
+        "requests waiting at most; more are rejected (load-time)",
+    ),
+    (
+        "instruction_topic",
+        "std_msgs/String instruction topic (load-time)",
+    ),
+    (
+        "diagnostics_period_s",
+        "seconds between /diagnostics messages (load-time)",
+    ),
+];
+
+const RUNTIME: &[&str] = &[
+    "compute_ratio",
+    "token_ratio",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+];
+
+/// All node parameters, typed.
+#[derive(Debug, Clone)]
+pub struct NodeParams {
+    pub engine: EngineSpec,
+    /// As given (negative = from the end), for `get_parameter`.
+    pub dense_layers_raw: Vec<i64>,
+    pub runtime: RuntimeSettings,
+    pub queue_depth: usize,
+    pub instruction_topic: String,
+    pub diagnostics_period_s: f64,
+}
+
+impl Default for NodeParams {
+    /// [`defaults::NODE`] and the node-only defaults (`config/node.yaml`
+    /// states the same values; a test holds them together).
+    fn default() -> Self {
+        let d = defaults::NODE;
+        Self {
+            engine: d.engine_spec(),
+            dense_layers_raw: d.dense_layers.to_vec(),
+            runtime: RuntimeSettings {
+                max_new_tokens: d.max_new_tokens,
+                sampling: d.sampling(),
+                compute_ratio: d.compute_ratio,
+                token_ratio: d.token_ratio,
+            },
+            queue_depth: defaults::QUEUE_DEPTH,
+            instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
+            diagnostics_period_s: defaults::DIAGNOSTICS_PERIOD_S,
+        }
+    }
+}
+
+fn float(name: &str, v: &ParameterValue) -> Result<f64> {
+    match v {
+        ParameterValue::Double(x) => Ok(*x),
+        ParameterValue::Integer(x) => Ok(*x as f64),
+        other => bail!("parameter {name} must be a number, got {other:?}"),
+    }
+}
+
+fn int(name: &str, v: &ParameterValue) -> Result<i64> {
+    match v {
+        ParameterValue::Integer(x) => Ok(*x),
+        other => bail!("parameter {name} must be an integer, got {other:?}"),
+    }
+}
+
+fn string(name: &str, v: &ParameterValue) -> Result<String> {
+    match v {
+        ParameterValue::String(s) => Ok(s.clone()),
+        other => bail!("parameter {name} must be a string, got {other:?}"),
+    }
+}
+
+fn positive_usize(name: &str, v: &ParameterValue) -> Result<usize> {
+    let n = int(name, v)?;
+    if n < 1 {
+        bail!("parameter {name} must be >= 1, got {n}");
+    }
+    Ok(n as usize)
+}
+
+impl NodeParams {
+    /// Reads the parameters the node was started with (`--params-file`,
+    /// `-p name:=value`), defaults for the rest. Unknown names are errors.
+    pub fn from_overrides<'a>(
+        overrides: impl IntoIterator<Item = (&'a String, &'a Parameter)>,
+    ) -> Result<Self> {
+        let mut p = Self::default();
+        for (name, param) in overrides {
+            if name == "use_sim_time" {
+                continue;
+            }
+            p.set(name, &param.value)?;
+        }
+        p.resolve_dense_layers()?;
+        p.engine.params.compute_ratio = p.runtime.compute_ratio;
+        p.engine.params.token_ratio = p.runtime.token_ratio;
+        Ok(p)
+    }
+
+    /// Turns negative dense layer indices into layer numbers (needs the
+    /// model's config).
+    fn resolve_dense_layers(&mut self) -> Result<()> {
+        self.engine
+            .check_model_folder()
+            .context("parameter model")?;
+        let n = Config::from_file(&self.engine.model.join("config.json"))?.num_hidden_layers as i64;
+        let mut layers = Vec::new();
+        for &l in &self.dense_layers_raw {
+            let r = if l < 0 { n + l } else { l };
+            if !(0..n).contains(&r) {
+                bail!(
+                    "parameter dense_layers: layer {l} does not exist (the model has {n} layers)"
+                );
+            }
+            if !layers.contains(&(r as usize)) {
+                layers.push(r as usize);
+            }
+        }
+        self.engine.params.dense_layers = layers;
+        Ok(())
+    }
+
+    /// Sets one parameter by name (type-checked, not yet cross-validated).
+    fn set(&mut self, name: &str, v: &ParameterValue) -> Result<()> {
+        let e = &mut self.engine;
+        match name {
+            "model" => e.model = PathBuf::from(string(name, v)?),
+            "ranking" => {
+                let s = string(name, v)?;
+                e.ranking = (!s.is_empty()).then(|| PathBuf::from(s));
+            }
+            "task" => e.params.task = string(name, v)?,
+            "mode" => {
+                let s = string(name, v)?;
+                e.mode = s.parse().context("parameter mode")?;
+            }
+            "load_ratio" => e.params.load_ratio = float(name, v)?,
+            "static_ratio" => e.params.static_ratio = float(name, v)?,
+            "compute_ratio" => self.runtime.compute_ratio = float(name, v)?,
+            "token_ratio" => self.runtime.token_ratio = float(name, v)?,
+            "dense_layers" => {
+                self.dense_layers_raw = match v {
+                    ParameterValue::IntegerArray(a) => a.clone(),
+                    ParameterValue::Integer(x) => vec![*x],
+                    ParameterValue::String(s) if s.trim().is_empty() => Vec::new(),
+                    ParameterValue::String(s) => s
+                        .split(',')
+                        .map(|x| x.trim().parse::<i64>())
+                        .collect::<Result<_, _>>()
+                        .with_context(|| {
+                            format!("parameter dense_layers: `{s}` is not a list of integers")
+                        })?,
+                    other => {
+                        bail!("parameter dense_layers must be a list of integers, got {other:?}")
+                    }
+                }
+            }
+            "plan_seed" => e.plan_seed = int(name, v)?.max(0) as u64,
+            "dtype" => {
+                let s = string(name, v)?;
+                e.dtype = s.parse().context("parameter dtype")?;
+            }
+            "device" => e.device = string(name, v)?,
+            "prefill_chunk" => e.prefill_chunk = positive_usize(name, v)?,
+            "max_new_tokens" => self.runtime.max_new_tokens = positive_usize(name, v)?,
+            "temperature" => self.runtime.sampling.temperature = float(name, v)?,
+            "top_p" => self.runtime.sampling.top_p = float(name, v)?,
+            "seed" => {
+                let s = int(name, v)?;
+                if s < 0 {
+                    bail!("parameter seed must be >= 0, got {s}");
+                }
+                self.runtime.sampling.seed = s as u64;
+            }
+            "queue_depth" => self.queue_depth = positive_usize(name, v)?,
+            "instruction_topic" => self.instruction_topic = string(name, v)?,
+            "diagnostics_period_s" => {
+                let s = float(name, v)?;
+                if !(s > 0.0 && s.is_finite()) {
+                    bail!("parameter diagnostics_period_s must be > 0, got {s}");
+                }
+                self.diagnostics_period_s = s;
+            }
+            _ => bail!(
+                "unknown parameter `{name}`; known: {}",
+                PARAMETERS
+                    .iter()
+                    .map(|p| p.0)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+        Ok(())
+    }
+
+    /// The current value of parameter `name`.
+    fn get(&self, name: &str) -> Option<ParameterValue> {
+        let e = &self.engine;
+        let r = &self.runtime;
+        let path = |p: &std::path::Path| ParameterValue::String(p.display().to_string());
+        Some(match name {
+            "model" => path(&e.model),
+            "ranking" => ParameterValue::String(
+                e.ranking
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
+            "task" => ParameterValue::String(e.params.task.clone()),
+            "mode" => ParameterValue::String(e.mode.name().into()),
+            "load_ratio" => ParameterValue::Double(e.params.load_ratio),
+            "static_ratio" => ParameterValue::Double(e.params.static_ratio),
+            "compute_ratio" => ParameterValue::Double(r.compute_ratio),
+            "token_ratio" => ParameterValue::Double(r.token_ratio),
+            "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
+            "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
+            "dtype" => ParameterValue::String(e.dtype.name().into()),
+            "device" => ParameterValue::String(e.device.clone()),
+            "prefill_chunk" => ParameterValue::Integer(e.prefill_chunk as i64),
+            "max_new_tokens" => ParameterValue::Integer(r.max_new_tokens as i64),
+            "temperature" => ParameterValue::Double(r.sampling.temperature),
+            "top_p" => ParameterValue::Double(r.sampling.top_p),
+            "seed" => ParameterValue::Integer(r.sampling.seed as i64),
+            "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
+            "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
+            "diagnostics_period_s" => ParameterValue::Double(self.diagnostics_period_s),
+            _ => return None,
+        })
+    }
+
+    pub fn server_config(&self) -> ServerConfig {
+        ServerConfig {
+            engine: self.engine.clone(),
+            queue_depth: self.queue_depth,
+            defaults: self.runtime.clone(),
+        }
+    }
+
+    /// One line describing what the node serves.
+    pub fn summary(&self) -> String {
+        let e = &self.engine;
+        let p: &SelectionParams = &e.params;
+        format!(
+            "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, dense layers {:?}, queue_depth {}",
+            e.model.display(),
+            e.dtype,
+            e.device,
+            e.mode.name(),
+            p.task,
+            p.load_ratio,
+            p.static_ratio,
+            self.runtime.compute_ratio,
+            self.runtime.token_ratio,
+            p.dense_layers,
+            self.queue_depth
+        )
+    }
+}
+
+/// The parameter handler r2r drives: serves get/set/list/describe and
+/// applies runtime changes to the server, refusing invalid or load-time
+/// changes with a reason.
+pub struct ParamHandle {
+    pub params: NodeParams,
+    pub server: Arc<Server>,
+}
+
+fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
+    r2r::Error::ParameterValueConv {
+        name: name.to_string(),
+        msg: msg.to_string(),
+    }
+}
+
+impl ParamHandle {
+    fn try_set(&self, name: &str, v: &ParameterValue) -> Result<NodeParams> {
+        if !PARAMETERS.iter().any(|p| p.0 == name) {
+            bail!("unknown parameter");
+        }
+        if !RUNTIME.contains(&name) {
+            if self.params.get(name).as_ref() == Some(v) {
+                return Ok(self.params.clone());
+            }
+            bail!("{name} is read at start-up only; change it in the parameters file and restart the node");
+        }
+        let mut next = self.params.clone();
+        next.set(name, v)?;
+        Ok(next)
+    }
+}
+
+impl RosParams for ParamHandle {
+    fn register_parameters(
+        &mut self,
+        _prefix: &str,
+        _param: Option<Parameter>,
+        params: &mut r2r::indexmap::IndexMap<String, Parameter>,
+    ) -> r2r::Result<()> {
+        for (name, description) in PARAMETERS {
+            let value = self.params.get(name).expect("listed parameter");
+            params.insert(name.to_string(), Parameter { value, description });
+        }
+        Ok(())
+    }
+
+    fn get_parameter(&mut self, name: &str) -> r2r::Result<ParameterValue> {
+        self.params
+            .get(name)
+            .ok_or_else(|| r2r::Error::InvalidParameterName { name: name.into() })
+    }
+
+    fn set_parameter(&mut self, name: &str, v: &ParameterValue) -> r2r::Result<()> {
+        let next = self
+            .try_set(name, v)
+            .map_err(|e| refuse(name, format!("{e:#}")))?;
+        self.server
+            .update_settings(next.runtime.clone())
+            .map_err(|e| refuse(name, format!("{e:#}")))?;
+        log::info!("parameter {name} set to {v:?} (applies to the next request)");
+        self.params = next;
+        Ok(())
+    }
+
+    fn check_parameter(&self, name: &str, v: &ParameterValue) -> r2r::Result<()> {
+        self.try_set(name, v)
+            .map(|_| ())
+            .map_err(|e| refuse(name, format!("{e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `config/node.yaml` states every parameter the node declares, each
+    /// with the node's own default, and nothing else.
+    #[test]
+    fn node_yaml_states_the_declared_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/node.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let given = yaml["/**"]["ros__parameters"].as_mapping().unwrap();
+        let defaults = NodeParams::default();
+        let mut names: Vec<&str> = given.keys().map(|k| k.as_str().unwrap()).collect();
+        names.sort_unstable();
+        let mut declared: Vec<&str> = PARAMETERS.iter().map(|p| p.0).collect();
+        declared.sort_unstable();
+        assert_eq!(names, declared, "parameters in {path} vs declared");
+        for (name, _) in PARAMETERS {
+            let want = defaults.get(name).unwrap();
+            let v = &given[*name];
+            let got = match &want {
+                ParameterValue::Double(_) => ParameterValue::Double(v.as_f64().unwrap()),
+                ParameterValue::Integer(_) => ParameterValue::Integer(v.as_i64().unwrap()),
+                ParameterValue::String(_) => ParameterValue::String(match v {
+                    serde_yaml::Value::String(s) => s.clone(),
+                    other => serde_yaml::to_string(other).unwrap().trim().to_string(),
+                }),
+                ParameterValue::IntegerArray(_) => ParameterValue::IntegerArray(
+                    v.as_sequence()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_i64().unwrap())
+                        .collect(),
+                ),
+                other => panic!("parameter {name}: no YAML form for {other:?}"),
+            };
+            assert_eq!(got, want, "parameter {name} in {path}");
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The service `~/generate`: each request joins the server's queue and is
+//! answered from the worker thread when its generation ends.
+
+use super::messages::{request_of, service_response, Outputs};
+use crate::serve::server::{CancelToken, Job, Reply, Server};
+use futures::StreamExt;
+use r2r::selectinfer_msgs::srv::Generate;
+use std::sync::Arc;
+
+/// Serves service requests until the node goes.
+pub(super) async fn serve(
+    mut services: impl futures::Stream<Item = r2r::ServiceRequest<Generate::Service>> + Unpin,
+    server: Arc<Server>,
+    out: Outputs,
+) {
+    while let Some(req) = services.next().await {
+        let m = &req.message;
+        let r = request_of!(m);
+        let id = r.id.clone();
+        let out2 = out.clone();
+        let job = Job {
+            request: r,
+            cancel: CancelToken::default(),
+            on_token: out.token_sink(&id),
+            on_done: Box::new(move |reply: Reply| {
+                out2.finish_tokens(&reply);
+                if let Err(e) = req.respond(service_response(&reply)) {
+                    log::error!("answering service request {}: {e}", reply.request_id);
+                }
+            }),
+        };
+        server.submit(job);
+    }
+}

@@ -1,0 +1,115 @@
+//! Compute devices: parsing a device name, the weight dtypes and which of
+//! them a device takes, and how much device memory is in use.
+//!
+//! The model code is device-generic (candle tensors); only the single-row
+//! CPU kernels in [`crate::kernels`] are CPU-specific, and callers fall back
+//! to candle ops elsewhere. CUDA support needs the `cuda` cargo feature.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device};
+
+/// Weight dtype in memory or on disk, as the CLI, the node and
+/// `config.json` name it (`f32`, `f16`, `bf16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    F32,
+    F16,
+    /// bf16: CUDA devices of compute capability ≥ 8.0 only (never CPU compute).
+    Bf16,
+}
+
+impl WeightDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::F16 => DType::F16,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+crate::sys::named::impl_named!(WeightDtype, "dtype", { F32 => "f32", F16 => "f16", Bf16 => "bf16" });
+
+/// Parses `cpu` or `cuda:N` (`cuda` = `cuda:0`).
+pub fn parse_device(name: &str) -> Result<Device> {
+    let name = name.trim();
+    if name == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = match name {
+        "cuda" => Some(0),
+        _ => name
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok()),
+    };
+    let Some(ordinal) = ordinal else {
+        bail!("device must be `cpu` or `cuda:N`, got `{name}`");
+    };
+    if !candle_core::utils::cuda_is_available() {
+        bail!("device {name}: this build has no CUDA support (build with --features cuda)");
+    }
+    Device::new_cuda(ordinal).map_err(|e| {
+        // candle attaches a backtrace to the message; the first line is the error.
+        let first = e.to_string().lines().next().unwrap_or_default().to_string();
+        let hint = if first.contains("STUB_LIBRARY") {
+            " (the CUDA driver here is the link-time stub: this machine has no GPU driver)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("device {name}: no usable CUDA device: {first}{hint}")
+    })
+}
+
+/// Refuses dtypes a device cannot compute in: CPU takes f32 and f16 (bf16
+/// compute on CPU is slow and never used), CUDA f32, f16 and — from compute
+/// capability 8.0 (Ampere, Orin, Hopper) — bf16.
+pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
+    match (device, dtype) {
+        (_, DType::F32 | DType::F16) => Ok(()),
+        (Device::Cpu, other) => bail!(
+            "dtype {} is not supported on CPU: use f32 or f16",
+            other.as_str()
+        ),
+        (Device::Cuda(_), DType::BF16) => {
+            let (major, minor) = compute_capability(device)?;
+            if major < 8 {
+                bail!("dtype bf16 needs a GPU of compute capability 8.0 or newer; this one is {major}.{minor}: use f16");
+            }
+            Ok(())
+        }
+        (_, other) => bail!("dtype {} is not supported on {device:?}", other.as_str()),
+    }
+}
+
+/// (major, minor) compute capability of a CUDA device.
+#[cfg(feature = "cuda")]
+pub fn compute_capability(device: &Device) -> Result<(i32, i32)> {
+    let ctx = device.as_cuda_device()?.cuda_stream().context().clone();
+    Ok(ctx.compute_capability()?)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn compute_capability(_device: &Device) -> Result<(i32, i32)> {
+    bail!("this build has no CUDA support (build with --features cuda)")
+}
+
+/// Device memory in use on the whole GPU (all processes), bytes; `None` on
+/// CPU. Differences between two readings in one process are what this
+/// process allocated.
+#[cfg(feature = "cuda")]
+pub fn memory_used_bytes(device: &Device) -> Option<u64> {
+    let ctx = device
+        .as_cuda_device()
+        .ok()?
+        .cuda_stream()
+        .context()
+        .clone();
+    let (free, total) = ctx.mem_get_info().ok()?;
+    Some((total - free) as u64)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn memory_used_bytes(_device: &Device) -> Option<u64> {
+    None
+}

@@ -1,0 +1,72 @@
+//! Process and machine measurements: resident memory and memory bandwidth.
+
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// The value (kB) of the line starting with `field` in `/proc/self/<file>`;
+/// 0 if unknown.
+fn proc_kib(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes; 0 if unknown.
+pub fn peak_rss_bytes() -> u64 {
+    proc_kib("status", "VmHWM:") * 1024
+}
+
+/// Current resident set size (VmRSS), in bytes; 0 if unknown.
+pub fn rss_bytes() -> u64 {
+    proc_kib("status", "VmRSS:") * 1024
+}
+
+/// Anonymous memory of this process on transparent huge pages
+/// (`AnonHugePages` of `/proc/self/smaps_rollup`), bytes; 0 if unknown.
+pub fn anon_huge_page_bytes() -> u64 {
+    proc_kib("smaps_rollup", "AnonHugePages:") * 1024
+}
+
+/// Measures read bandwidth (GB/s, 1e9 bytes) by summing a `bytes`-sized f32
+/// buffer (on huge pages where the system has them) with rayon's threads;
+/// best of `repeats` passes after one warm pass.
+pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
+    let n = bytes / 4;
+    // On huge pages, like the weights (`crate::sys::hugepages`): the roofline is
+    // the best this machine's memory delivers.
+    let mut data: Vec<f32> = Vec::with_capacity(n);
+    crate::sys::hugepages::advise(data.as_ptr().cast(), bytes);
+    data.extend((0..n).map(|i| (i % 7) as f32));
+    let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 8);
+    let mut best = f64::INFINITY;
+    let mut sink = 0f32;
+    for pass in 0..=repeats {
+        let t = Instant::now();
+        let s: f32 = data
+            .par_chunks(chunk)
+            .map(|c| {
+                // Eight independent accumulators so the loop vectorises.
+                let mut acc = [0f32; 8];
+                for block in c.chunks_exact(8) {
+                    for (a, v) in acc.iter_mut().zip(block) {
+                        *a += v;
+                    }
+                }
+                acc.iter().sum::<f32>()
+            })
+            .sum();
+        let dt = t.elapsed().as_secs_f64();
+        sink += s;
+        if pass > 0 {
+            best = best.min(dt);
+        }
+    }
+    std::hint::black_box(sink);
+    bytes as f64 / best / 1e9
+}

