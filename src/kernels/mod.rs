@@ -1,12 +1,17 @@
-//! CPU kernels for the single-token (decode) path.
+//! CPU kernels for the single-token (decode) path (layer 1), split by op
+//! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
+//! attention and row gathers; the ISA back ends apart (`x86`: AVX2/FMA/F16C;
+//! [`portable`]: every other target, NEON on aarch64); the decode threads'
+//! [`spin_pool`] beside them. This file holds the bridges from candle
+//! tensors to the slices the kernels take.
 //!
 //! Decode is memory-bound: every weight is read once per token. candle's
 //! general matmul streams ~20 GB/s on our CPUs for a `[1, K] x [N, K]^T`
 //! product, well below the ~30 GB/s the memory delivers (see
 //! `../shared/notes/cpu-perf-facts.md`). These kernels are plain row-dot and
 //! row-axpy loops, vectorised with AVX2/FMA/F16C when the CPU has them, split
-//! over the threads of [`crate::kernels::spin_pool`] in contiguous row blocks so each
-//! thread streams its own part of the matrix, in memory order. They work on
+//! over the threads of [`spin_pool`] in contiguous row blocks so each thread
+//! streams its own part of the matrix, in memory order. They work on
 //! raw slices: the model's CPU decode step (`Model::decode_cpu`) runs a whole
 //! token on plain buffers, reading weights through [`with_weight`], so no
 //! candle op (allocation, dispatch) sits between two kernels while the other

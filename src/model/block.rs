@@ -36,7 +36,7 @@ impl Block {
         })
     }
 
-    /// One block at positions `pos..`; `observe` (the profiler) sees the
+    /// One block at positions `pos..`; `observe` (e.g. a profiler) sees the
     /// MLP activations `silu(gate)·up`; `mlp` replaces the block's own MLP
     /// (a per-prompt compact one).
     pub(crate) fn forward(

@@ -1,5 +1,5 @@
 //! A checkpoint folder's weight files: listing them and their sha256 (what
-//! ranking files are tied to), cached beside them.
+//! files made from a model, such as rankings, are tied to), cached beside them.
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};

@@ -34,7 +34,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
 
-/// Sees one block's MLP activations `silu(gate)·up` (the profiler's hook).
+/// Sees one block's MLP activations `silu(gate)·up` (a profiler's or a selector's hook).
 pub type MlpObserver<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
 /// Sees every block's MLP activations, with the layer index.
 pub type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
@@ -84,7 +84,7 @@ pub struct Model {
     max_context: usize,
     device: Device,
     /// [`FfnRows::Streamed`]: where each forward pass reads the FFN weights from.
-    offload: Option<std::sync::Arc<crate::model::rowread::RowSource>>,
+    streamed_from: Option<std::sync::Arc<rowread::RowSource>>,
     dtype: DType,
     prefill_chunk: usize,
 }
@@ -112,7 +112,7 @@ impl Model {
             .with_context(|| format!("loading model from {}", dir.display()))?;
         if opts.ffn == FfnRows::Streamed {
             source.drop_cached();
-            model.offload = Some(std::sync::Arc::new(source));
+            model.streamed_from = Some(std::sync::Arc::new(source));
         }
         Ok(model)
     }
@@ -219,7 +219,7 @@ impl Model {
             rope: Rope::new(cfg, max_context, &opts.device)?,
             max_context,
             device: opts.device.clone(),
-            offload: None,
+            streamed_from: None,
             dtype: opts.dtype,
             prefill_chunk: opts.prefill_chunk,
         })
@@ -254,7 +254,7 @@ impl Model {
             .iter()
             .map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes())
             .sum();
-        let streamed = if self.offload.is_some() {
+        let streamed = if self.streamed_from.is_some() {
             self.cfg.num_hidden_layers
                 * self.cfg.ffn_params_per_layer()
                 * self.dtype.size_in_bytes()
@@ -266,7 +266,7 @@ impl Model {
 
     /// Whether the FFN weights are streamed from the checkpoint ([`FfnRows::Streamed`]).
     pub fn ffn_streamed(&self) -> bool {
-        self.offload.is_some()
+        self.streamed_from.is_some()
     }
 
     /// Runs `tokens` at positions `cache.len()..` and returns the logits of
@@ -294,7 +294,7 @@ impl Model {
     }
 
     /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
-    /// activations `a = silu(gate)·up` (`[1, seq, N]`, f32) — the profiler's
+    /// activations `a = silu(gate)·up` (`[1, seq, N]`, f32) — a profiler's
     /// view of the network. A prompt longer than the prefill chunk is shown
     /// chunk by chunk (each layer once per chunk, in order), so observers
     /// accumulate.
@@ -332,7 +332,7 @@ impl Model {
             );
         }
         if let [token] = tokens {
-            if self.device.is_cpu() && observe.is_none() && self.offload.is_none() {
+            if self.device.is_cpu() && observe.is_none() && self.streamed_from.is_none() {
                 return self.decode_cpu(*token, cache, mlps);
             }
         }
@@ -395,7 +395,7 @@ impl Model {
             .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
-            let streamed = match &self.offload {
+            let streamed = match &self.streamed_from {
                 Some(source) => {
                     let mlp = Mlp::load_all(
                         source,

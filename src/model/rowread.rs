@@ -192,7 +192,7 @@ impl RowSource {
     }
 
     /// Drops the page cache of every file (`posix_fadvise(DONTNEED)`), so
-    /// the next read goes to the disk again (the disk-offload baseline).
+    /// the next read goes to the disk again (a model whose FFN is streamed).
     pub fn drop_cached(&self) {
         use std::os::fd::AsRawFd;
         for r in &self.readers {
