@@ -138,6 +138,29 @@ fn no_import_cycle_between_top_level_modules() {
 }
 
 #[test]
+fn imports_name_their_module_on_the_line() {
+    // What `imports` cannot read must not be written: grouped `crate::{..}`
+    // imports (a group may span lines) and paths out of a parent module.
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| layer_of(f).is_some()) {
+        for (i, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+            let code = line.trim_start();
+            if !code.starts_with("//")
+                && (code.contains("crate::{") || code.contains("super::super"))
+            {
+                found.push(format!("{}:{}", f.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "write `use crate::layer::..` one per line: {found:?}"
+    );
+}
+
+#[test]
 fn the_checks_see_imports() {
     // The scanner finds what the layer tests rely on, and skips comments.
     let text = "use crate::model::Mlp;\n// crate::serve in a comment\nlet x = $crate::sys::named::parse(s);\nmycrate::tools::x();";

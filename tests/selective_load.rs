@@ -35,6 +35,26 @@ fn load(plan: Option<LoadPlan>) -> Model {
 }
 
 #[test]
+fn an_ffn_row_selection_that_does_not_fit_the_model_is_refused() {
+    let dir = common::model_dir("smollm2-135m-instruct");
+    let load = |ffn| {
+        Model::from_dir(
+            &dir,
+            &LoadOptions {
+                ffn,
+                ..Default::default()
+            },
+        )
+    };
+    let e = format!("{:#}", load(FfnRows::Layers(vec![None; 3])).unwrap_err());
+    assert!(e.contains("has 3 layers, the model 30"), "{e}");
+    let mut layers = vec![None; 30];
+    layers[4] = Some(vec![0, 1536]);
+    let e = format!("{:#}", load(FfnRows::Layers(layers)).unwrap_err());
+    assert!(e.contains("names neuron 1536; the layers have 1536"), "{e}");
+}
+
+#[test]
 fn loading_every_neuron_reproduces_dense_logits_exactly() {
     let dense = load(None);
     let full = load(Some(plan(1.0)));

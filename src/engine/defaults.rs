@@ -9,7 +9,7 @@ use super::spec::EngineSpec;
 use crate::method::{Mode, SelectionParams};
 use crate::model::{FfnRows, LoadOptions};
 use crate::sys::device::WeightDtype;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use std::path::PathBuf;
 
 /// The settings a front end starts from when it is told nothing.
@@ -30,6 +30,9 @@ pub struct Defaults {
     pub compute_ratio: f64,
     pub token_ratio: f64,
     /// Layers kept whole; negative counts from the end (-1 = the last).
+    /// Negative entries need the model's layer count: the node resolves
+    /// them once it has read the model's config; [`Defaults::engine_spec`]
+    /// keeps only the non-negative ones.
     pub dense_layers: &'static [i64],
     /// Seed of the `random-load` subset.
     pub plan_seed: u64,
@@ -101,25 +104,19 @@ pub const EVAL_MAX_NEW_TOKENS: usize = 64;
 pub const BENCH_NEW_TOKENS: usize = 64;
 
 impl Defaults {
-    /// The method's parameters these defaults give, with `dense_layers`
-    /// resolved for a model of `num_layers` layers (`None`: take only the
-    /// non-negative entries, for callers that do not know the model yet).
-    pub fn selection_params(&self, num_layers: Option<usize>) -> SelectionParams {
-        let dense_layers = self
-            .dense_layers
-            .iter()
-            .filter_map(|&l| match (l < 0, num_layers) {
-                (false, _) => Some(l as usize),
-                (true, Some(n)) => (n as i64 + l >= 0).then(|| (n as i64 + l) as usize),
-                (true, None) => None,
-            })
-            .collect();
+    /// The method's parameters these defaults give (non-negative
+    /// `dense_layers` only, see there).
+    pub fn selection_params(&self) -> SelectionParams {
         SelectionParams {
             load_ratio: self.load_ratio,
             static_ratio: self.static_ratio,
             compute_ratio: self.compute_ratio,
             token_ratio: self.token_ratio,
-            dense_layers,
+            dense_layers: self
+                .dense_layers
+                .iter()
+                .filter_map(|&l| usize::try_from(l).ok())
+                .collect(),
             task: self.task.into(),
         }
     }
@@ -132,7 +129,7 @@ impl Defaults {
             device: self.device.into(),
             mode: self.mode,
             ranking: None,
-            params: self.selection_params(None),
+            params: self.selection_params(),
             plan_seed: self.plan_seed,
             prefill_chunk: self.prefill_chunk,
         }
@@ -172,8 +169,8 @@ impl Default for GenerateOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            dtype: DType::F32,
-            device: Device::Cpu,
+            dtype: CLI.dtype.dtype(),
+            device: Device::Cpu, // CLI.device
             max_context: None,
             ffn: FfnRows::All,
             prefill_chunk: CLI.prefill_chunk,

@@ -21,7 +21,8 @@ pub mod rowread;
 
 pub use attention::Attention;
 pub use block::Block;
-pub use checkpoint::{safetensors_files, weights_sha256};
+use checkpoint::safetensors_files;
+pub use checkpoint::weights_sha256;
 pub use config::{Config, Family};
 pub use kv_cache::KvCache;
 pub use linear::Linear;

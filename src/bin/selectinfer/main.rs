@@ -129,13 +129,15 @@ fn run(cli: Cli) -> Result<()> {
             json,
         } => {
             let spec = model.spec();
+            // The device first: a missing one is the error to report.
+            let load = spec.load_options()?;
             let opts = BenchOptions {
                 method: spec.method()?,
                 engine,
                 new_tokens,
                 measure_bandwidth: bandwidth,
             };
-            let report = bench::run(&spec.model, &spec.load_options()?, &opts)?;
+            let report = bench::run(&spec.model, &load, &opts)?;
             match json {
                 true => println!("{}", serde_json::to_string_pretty(&report)?),
                 false => println!("{report}"),

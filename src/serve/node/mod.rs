@@ -123,11 +123,16 @@ fn run() -> Result<()> {
         handle,
     ))?;
 
+    // Signal handlers before the ready line: whoever reads it may stop us.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
     log::info!(
         "{NODE_NAME} serving ~/generate, ~/generate_stream, ~/prompt, {}",
         params.instruction_topic
     );
-    spin(&mut node, &mut pool, &watch, &server)?;
+    spin(&mut node, &mut pool, &watch, &server, &stop)?;
     log::info!("signal received: shutting down");
     // Answers what is still queued (rejections), then lets the node go.
     server.shutdown();
@@ -135,18 +140,16 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// The executor: spin, then run every task until it waits again; every
-/// half second while goals run, look for goals whose clients left.
+/// The executor until `stop`: spin, then run every task until it waits
+/// again; every half second while goals run, look for goals whose clients
+/// left.
 fn spin(
     node: &mut r2r::Node,
     pool: &mut LocalPool,
     watch: &Mutex<GoalWatch>,
     server: &Server,
+    stop: &AtomicBool,
 ) -> Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
     let send_goal_topic = format!(
         "rq{}/generate_stream/_action/send_goalRequest",
         node.fully_qualified_name()?

@@ -25,7 +25,7 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ),
     (
         "mode",
-        "dense | load-only | selectinfer | coreinfer | random-load (load-time)",
+        "dense | load-only | selectinfer | coreinfer | random-load | disk-offload (load-time)",
     ),
     (
         "load_ratio",
