@@ -61,18 +61,7 @@ pub fn main() -> ExitCode {
 fn run() -> Result<()> {
     let ctx = r2r::Context::create().context("creating the ROS context")?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "").context("creating the ROS node")?;
-    let params = {
-        let overrides = node.params.lock().unwrap();
-        NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
-    };
-    log::info!("loading: {}", params.summary());
-    let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
-    log::info!(
-        "ready: {} tasks ({}), peak RSS {:.0} MiB",
-        server.mode().name(),
-        server.tasks().join(", "),
-        crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
-    );
+    let (params, server) = load(&node)?;
     let handle = Arc::new(Mutex::new(ParamHandle {
         params: params.clone(),
         server: server.clone(),
@@ -124,10 +113,7 @@ fn run() -> Result<()> {
     ))?;
 
     // Signal handlers before the ready line: whoever reads it may stop us.
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
+    let stop = stop_on_signals()?;
     log::info!(
         "{NODE_NAME} serving ~/generate, ~/generate_stream, ~/prompt, {}",
         params.instruction_topic
@@ -138,6 +124,32 @@ fn run() -> Result<()> {
     server.shutdown();
     drop(node);
     Ok(())
+}
+
+/// The node's parameters, and the server with its engine loaded.
+fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Server>)> {
+    let params = {
+        let overrides = node.params.lock().unwrap();
+        NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
+    };
+    log::info!("loading: {}", params.summary());
+    let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
+    log::info!(
+        "ready: {} tasks ({}), peak RSS {:.0} MiB",
+        server.mode().name(),
+        server.tasks().join(", "),
+        crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
+    );
+    Ok((params, server))
+}
+
+/// A flag SIGINT and SIGTERM set.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    Ok(stop)
 }
 
 /// The executor until `stop`: spin, then run every task until it waits
