@@ -170,6 +170,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             dtype: CLI.dtype.dtype(),
+            quant: CLI.dtype.quant(),
             device: Device::Cpu, // CLI.device
             max_context: None,
             ffn: FfnRows::All,

@@ -288,6 +288,8 @@ impl Steps for EngineSteps<'_> {
             return Ok(0.0);
         };
         let t = Instant::now();
+        // The last prompt's views go first, so the rows move in place.
+        self.compact = None;
         self.compact = Some(self.engine.arrange(c)?);
         // GPU work is queued: wait for it so the build is timed, not the next step.
         self.engine.model.device().synchronize()?;

@@ -103,6 +103,7 @@ impl EngineSpec {
     pub fn load_options(&self) -> Result<LoadOptions> {
         Ok(LoadOptions {
             dtype: self.dtype.dtype(),
+            quant: self.dtype.quant(),
             device: parse_device(&self.device)?,
             prefill_chunk: self.prefill_chunk,
             ..Default::default()

@@ -1,6 +1,7 @@
 //! CPU kernels for the single-token (decode) path (layer 1), split by op
 //! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
-//! attention and row gathers; the ISA back ends apart (`x86`: AVX2/FMA/F16C;
+//! attention and row gathers, and the [`quant`]ized-row (ggml block)
+//! forms of the products; the ISA back ends apart (`x86`: AVX2/FMA/F16C;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
 //! [`spin_pool`] beside them. This file holds the bridges from candle
 //! tensors to the slices the kernels take.
@@ -23,10 +24,14 @@ pub mod matvec;
 mod mlp;
 mod norm;
 pub mod portable;
+mod portable_quant;
+pub mod quant;
 mod rope;
 pub mod spin_pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_quant;
 
 pub use attention::decode_attention;
 pub use gather::gather_rows;

@@ -63,6 +63,44 @@ impl Attention {
         })
     }
 
+    /// Loads layer `layer`'s attention from a quantized checkpoint: q, k
+    /// and v as the parts of one quantized matrix (each keeps its format).
+    pub fn from_file(file: &super::qfile::QFile, cfg: &Config, layer: usize) -> Result<Self> {
+        use super::linear::Weights;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+        let (heads, kv_heads) = (cfg.num_attention_heads, cfg.num_kv_heads());
+        let name = |p: &str, what: &str| format!("model.layers.{layer}.self_attn.{p}.{what}");
+        let (q, k, v) = (
+            name("q_proj", "weight"),
+            name("k_proj", "weight"),
+            name("v_proj", "weight"),
+        );
+        let qkv = file.matrix(
+            &[(&q, heads * hd), (&k, kv_heads * hd), (&v, kv_heads * hd)],
+            h,
+        )?;
+        let bias = if cfg.qkv_bias() {
+            Some(Tensor::cat(
+                &[
+                    file.f32(&name("q_proj", "bias"), heads * hd)?,
+                    file.f32(&name("k_proj", "bias"), kv_heads * hd)?,
+                    file.f32(&name("v_proj", "bias"), kv_heads * hd)?,
+                ],
+                0,
+            )?)
+        } else {
+            None
+        };
+        let o = file.matrix(&[(&name("o_proj", "weight"), h)], heads * hd)?;
+        Ok(Self {
+            qkv: Linear::with_weights(Weights::Quant(qkv), bias)?,
+            o_proj: Linear::with_weights(Weights::Quant(o), None)?,
+            heads,
+            kv_heads,
+            head_dim: hd,
+        })
+    }
+
     pub(crate) fn weight_bytes(&self) -> usize {
         self.qkv.weight_bytes() + self.o_proj.weight_bytes()
     }

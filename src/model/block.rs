@@ -36,6 +36,28 @@ impl Block {
         })
     }
 
+    /// Loads block `layer` of a quantized checkpoint, with `mlp` (its bundles).
+    pub fn from_file(
+        file: &super::qfile::QFile,
+        cfg: &Config,
+        layer: usize,
+        mlp: Mlp,
+    ) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let norm = |name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(
+                file.f32(&format!("model.layers.{layer}.{name}.weight"), h)?,
+                eps,
+            ))
+        };
+        Ok(Self {
+            input_norm: norm("input_layernorm")?,
+            attn: Attention::from_file(file, cfg, layer)?,
+            post_attention_norm: norm("post_attention_layernorm")?,
+            mlp,
+        })
+    }
+
     /// One block at positions `pos..`; `observe` (e.g. a profiler) sees the
     /// MLP activations `silu(gate)·up`; `mlp` replaces the block's own MLP
     /// (a per-prompt compact one).

@@ -1,15 +1,149 @@
-//! A linear layer whose activations are always f32, whatever the weight dtype.
+//! A linear layer whose activations are always f32, whatever the weight
+//! dtype: a candle tensor (f32/f16/bf16), or rows of ggml blocks
+//! ([`QMatrix`], the `q8`/`q4` dtypes).
 //!
 //! Single-row inputs on CPU (the decode step) go through the streaming
-//! [`crate::kernels::matvec`] kernel; everything else through candle's matmul.
+//! [`crate::kernels::matvec`] / [`crate::kernels::quant::matvec_q`]
+//! kernels; everything else through candle's matmul (quantized rows
+//! dequantized a chunk of rows at a time into a buffer of ~1 MiB).
 
-use anyhow::Result;
+use crate::kernels::quant::{self, Q8Act, QFormat};
+use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
+use std::sync::Arc;
+
+/// A matrix of `rows × cols` quantized weights: consecutive parts of rows,
+/// each part in one block format (Qwen's fused q/k/v may mix `q5_0` and
+/// `q8_0`), in one buffer. Clones share the buffer.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    cols: usize,
+    /// `(format, rows)` of each part, in row order.
+    parts: Vec<(QFormat, usize)>,
+    data: Arc<Vec<u8>>,
+}
+
+/// Rows of f32 one dequantized chunk holds in prefill (~1 MiB of f32).
+fn chunk_rows(cols: usize) -> usize {
+    ((1 << 20) / (4 * cols.max(1))).max(16)
+}
+
+impl QMatrix {
+    /// A matrix over `data`, which holds exactly the parts' rows.
+    pub fn new(cols: usize, parts: Vec<(QFormat, usize)>, data: Vec<u8>) -> Result<Self> {
+        if cols == 0 || !cols.is_multiple_of(quant::QK) {
+            bail!(
+                "quantized rows need a length that is a multiple of {}, not {cols}",
+                quant::QK
+            );
+        }
+        let want: usize = parts.iter().map(|(f, r)| f.row_bytes(cols) * r).sum();
+        if data.len() != want {
+            bail!(
+                "quantized matrix of {cols} columns in parts {parts:?} needs {want} bytes, got {}",
+                data.len()
+            );
+        }
+        crate::sys::hugepages::collapse(data.as_ptr(), data.len());
+        Ok(Self {
+            cols,
+            parts,
+            data: Arc::new(data),
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|p| p.1).sum()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Each part's format, first row and bytes.
+    fn spans(&self) -> impl Iterator<Item = (QFormat, std::ops::Range<usize>, &[u8])> {
+        let (mut row, mut at) = (0, 0);
+        self.parts.iter().map(move |&(f, n)| {
+            let bytes = f.row_bytes(self.cols) * n;
+            let span = (f, row..row + n, &self.data[at..at + bytes]);
+            row += n;
+            at += bytes;
+            span
+        })
+    }
+
+    /// `out = W · x` for activations already quantized.
+    pub fn matvec(&self, x: &Q8Act, out: &mut [f32]) {
+        for (f, rows, data) in self.spans() {
+            quant::matvec_q(f, data, x, &mut out[rows]);
+        }
+    }
+
+    /// Rows `rows` dequantized, row-major, into `out`.
+    pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        use rayon::prelude::*;
+        let k = self.cols;
+        let mut jobs: Vec<(QFormat, &[u8], &mut [f32])> = Vec::new();
+        let mut rest = out;
+        for (f, span, data) in self.spans() {
+            let (lo, hi) = (rows.start.max(span.start), rows.end.min(span.end));
+            let rb = f.row_bytes(k);
+            for r in lo..hi {
+                let (row_out, tail) = std::mem::take(&mut rest).split_at_mut(k);
+                rest = tail;
+                let at = (r - span.start) * rb;
+                jobs.push((f, &data[at..at + rb], row_out));
+            }
+        }
+        jobs.into_par_iter()
+            .with_min_len(8)
+            .for_each(|(f, row, out)| quant::dequantize_row(f, row, out));
+    }
+
+    /// Rows `ids` dequantized (an embedding lookup), `[ids.len(), cols]`.
+    pub fn gather_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let n = self.rows();
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
+            if id as usize >= n {
+                bail!("row {id} of a quantized matrix of {n} rows");
+            }
+            self.dequantize_rows(id as usize..id as usize + 1, o);
+        }
+        Ok(out)
+    }
+
+    /// `x [m, cols]` (f32) → `x · Wᵀ` `[m, rows]`, a chunk of rows dequantized at a time.
+    fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
+        let (k, n) = (self.cols, self.rows());
+        let step = chunk_rows(k);
+        let mut buf = vec![0f32; step * k];
+        let mut outs = Vec::with_capacity(n.div_ceil(step));
+        for r0 in (0..n).step_by(step) {
+            let r1 = (r0 + step).min(n);
+            let w = &mut buf[..(r1 - r0) * k];
+            self.dequantize_rows(r0..r1, w);
+            let w = Tensor::from_slice(w, (r1 - r0, k), x.device())?;
+            outs.push(x.matmul(&w.t()?)?);
+        }
+        Ok(Tensor::cat(&outs, 1)?)
+    }
+}
+
+/// A layer's weights: a tensor `[out, in]` (contiguous) or quantized rows.
+#[derive(Debug, Clone)]
+pub enum Weights {
+    Dense(Tensor),
+    Quant(QMatrix),
+}
 
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[out, in]`, contiguous.
-    weight: Tensor,
+    weight: Weights,
     /// `[out]`, f32.
     bias: Option<Tensor>,
 }
@@ -21,32 +155,63 @@ pub fn is_single_row(x: &Tensor) -> bool {
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
-        Ok(Self {
-            weight: weight.contiguous()?,
-            bias,
-        })
+        Self::with_weights(Weights::Dense(weight.contiguous()?), bias)
     }
 
-    pub fn weight(&self) -> &Tensor {
+    pub fn with_weights(weight: Weights, bias: Option<Tensor>) -> Result<Self> {
+        let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
+        Ok(Self { weight, bias })
+    }
+
+    /// The weight tensor (`None`: quantized rows).
+    pub fn dense_weight(&self) -> Option<&Tensor> {
+        match &self.weight {
+            Weights::Dense(t) => Some(t),
+            Weights::Quant(_) => None,
+        }
+    }
+
+    pub fn weights(&self) -> &Weights {
         &self.weight
     }
 
+    /// `(out, in)`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        Ok(match &self.weight {
+            Weights::Dense(t) => t.dims2()?,
+            Weights::Quant(q) => (q.rows(), q.cols()),
+        })
+    }
+
     pub fn weight_bytes(&self) -> usize {
-        self.weight.elem_count() * self.weight.dtype().size_in_bytes()
+        match &self.weight {
+            Weights::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Weights::Quant(q) => q.bytes(),
+        }
+    }
+
+    /// Puts the weights on huge pages (see [`crate::sys::hugepages`]).
+    pub fn collapse_to_huge_pages(&self) {
+        match &self.weight {
+            Weights::Dense(t) => crate::sys::hugepages::collapse_tensor(t),
+            Weights::Quant(q) => crate::sys::hugepages::collapse(q.data.as_ptr(), q.data.len()),
+        }
     }
 
     /// One row on the CPU: `x [in]` → `[out]`, bias added.
     pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
-        let (out, k) = self.weight.dims2()?;
+        let (out, k) = self.dims()?;
         if x.len() != k {
             anyhow::bail!("linear layer [{out}, {k}] given a row of {}", x.len());
         }
         let mut y = vec![0f32; out];
-        crate::kernels::with_weight(&self.weight, |w| {
-            w.matvec(x, &mut y);
-            Ok(())
-        })?;
+        match &self.weight {
+            Weights::Dense(w) => crate::kernels::with_weight(w, |w| {
+                w.matvec(x, &mut y);
+                Ok(())
+            })?,
+            Weights::Quant(q) => q.matvec(&Q8Act::quantize(x), &mut y),
+        }
         if let Some(b) = &self.bias {
             crate::kernels::with_f32(b, |b| {
                 y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
@@ -64,15 +229,81 @@ impl Linear {
             *dims.last_mut().expect("rank >= 1") = y.len();
             return Ok(Tensor::from_vec(y, dims, x.device())?);
         }
-        let (lead, k) = (x.dims()[..x.rank() - 1].to_vec(), x.dim(x.rank() - 1)?);
-        let x2 = x.reshape(((), k))?.to_dtype(self.weight.dtype())?;
-        let y = x2.matmul(&self.weight.t()?)?.to_dtype(DType::F32)?;
+        let (out, k) = self.dims()?;
+        let lead = x.dims()[..x.rank() - 1].to_vec();
+        let x2 = x.reshape(((), k))?;
+        let y = match &self.weight {
+            Weights::Dense(w) => x2
+                .to_dtype(w.dtype())?
+                .matmul(&w.t()?)?
+                .to_dtype(DType::F32)?,
+            Weights::Quant(q) => {
+                if !x.device().is_cpu() {
+                    bail!("quantized weights run on the CPU only");
+                }
+                q.matmul_t(&x2.to_dtype(DType::F32)?.contiguous()?)?
+            }
+        };
         let mut dims = lead;
-        dims.push(self.weight.dim(0)?);
+        dims.push(out);
         let y = y.reshape(dims)?;
         match &self.bias {
             Some(b) => Ok(y.broadcast_add(b)?),
             None => Ok(y),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::tests::{plain_dequantize, quantize_rows};
+    use crate::kernels::test_data::data;
+
+    #[test]
+    fn quantized_linear_in_parts_matches_its_dequantized_rows() {
+        let (k, rows) = (64, [40usize, 24]);
+        let w = data((rows[0] + rows[1]) * k, 1);
+        let (a, b) = w.split_at(rows[0] * k);
+        let mut bytes = quantize_rows(a, k, QFormat::Q5_0);
+        bytes.extend(quantize_rows(b, k, QFormat::Q8_0));
+        let mut deq = plain_dequantize(QFormat::Q5_0, &bytes[..QFormat::Q5_0.row_bytes(k) * 40]);
+        deq.extend(plain_dequantize(
+            QFormat::Q8_0,
+            &bytes[QFormat::Q5_0.row_bytes(k) * 40..],
+        ));
+        let q = QMatrix::new(k, vec![(QFormat::Q5_0, 40), (QFormat::Q8_0, 24)], bytes).unwrap();
+        let mut out = vec![0f32; 64 * k];
+        q.dequantize_rows(0..64, &mut out);
+        assert_eq!(out, deq);
+        let lin = Linear::with_weights(Weights::Quant(q), None).unwrap();
+        let dense = Linear::new(
+            Tensor::from_vec(deq, (64, k), &candle_core::Device::Cpu).unwrap(),
+            None,
+        )
+        .unwrap();
+        let x = Tensor::from_vec(data(3 * k, 2), (1, 3, k), &candle_core::Device::Cpu).unwrap();
+        let diff = (lin.forward(&x).unwrap() - dense.forward(&x).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-4, "batched: {diff}");
+        // One row: activations quantized to 8 bits, so within their step.
+        let row = data(k, 4);
+        let (yq, yd) = (
+            lin.forward_row(&row).unwrap(),
+            dense.forward_row(&row).unwrap(),
+        );
+        for (a, b) in yq.iter().zip(&yd) {
+            assert!((a - b).abs() < 0.05 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+        assert!(QMatrix::new(k, vec![(QFormat::Q8_0, 2)], vec![0; 10]).is_err());
+        assert!(QMatrix::new(33, vec![], vec![]).is_err());
     }
 }

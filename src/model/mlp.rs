@@ -17,18 +17,30 @@
 //! [`Mlp::front`], a zero-copy view of the front rows, and the next prompt's
 //! prefill still computes every held neuron from the same tensors.
 
+use crate::model::bundles::Bundles;
 use crate::model::linear::{is_single_row, Linear};
 use crate::model::rowread::RowSource;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;
 
+/// How an MLP's neurons are stored.
+#[derive(Debug, Clone)]
+enum Store {
+    /// Tensors (f32/f16/bf16, any device).
+    Rows {
+        /// `[gate rows; up rows]`, shape `[2N, H]`.
+        gate_up: Linear,
+        /// `down_proj` transposed: neuron `n` is row `n`, shape `[N, H]`.
+        down_t: Tensor,
+    },
+    /// Quantized neuron bundles (CPU).
+    Bundles(Bundles),
+}
+
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    /// `[gate rows; up rows]`, shape `[2N, H]`.
-    gate_up: Linear,
-    /// `down_proj` transposed: neuron `n` is row `n`, shape `[N, H]`.
-    down_t: Tensor,
+    store: Store,
     width: usize,
     /// Original indices of the neurons held, when this is a subset, in
     /// *canonical* order (ascending, the order they were loaded in). A
@@ -60,13 +72,45 @@ impl Mlp {
     pub fn from_neuron_rows(gate: &Tensor, up: &Tensor, down_t: &Tensor) -> Result<Self> {
         let width = gate.dim(0)?;
         Ok(Self {
-            gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None)?,
-            down_t: down_t.contiguous()?,
+            store: Store::Rows {
+                gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None)?,
+                down_t: down_t.contiguous()?,
+            },
             width,
             neurons: None,
             order: None,
             front: width,
         })
+    }
+
+    /// An MLP over quantized neuron bundles; `neurons`: the original
+    /// indices of the bundles (ascending), `None` when they are all of the layer's.
+    pub fn from_bundles(bundles: Bundles, neurons: Option<Vec<u32>>) -> Result<Self> {
+        let width = bundles.len();
+        if let Some(ids) = &neurons {
+            if ids.len() != width || ids.windows(2).any(|w| w[0] >= w[1]) {
+                anyhow::bail!(
+                    "{width} neuron bundles given {} neuron ids (ascending, one each)",
+                    ids.len()
+                );
+            }
+        }
+        Ok(Self {
+            store: Store::Bundles(bundles),
+            width,
+            neurons,
+            order: None,
+            front: width,
+        })
+    }
+
+    /// The `[gate; up]` and `down_t` tensors (`None`: quantized bundles).
+    #[cfg(test)]
+    fn rows(&self) -> Option<(&Tensor, &Tensor)> {
+        match &self.store {
+            Store::Rows { gate_up, down_t } => Some((gate_up.dense_weight()?, down_t)),
+            Store::Bundles(_) => None,
+        }
     }
 
     /// An MLP holding no neuron (the placeholder of a layer whose FFN is
@@ -181,18 +225,23 @@ impl Mlp {
             gate_up_rows.extend(up);
         }
         let down_rows: Vec<u32> = src.iter().map(|&p| p as u32).collect();
-        if self.down_t.device().is_cpu() {
-            // One matrix at a time: at most one gathered copy is alive.
-            for (t, rows) in [
-                (self.gate_up.weight(), &gate_up_rows),
-                (&self.down_t, &down_rows),
-            ] {
-                t.slice_set(&crate::kernels::gather_rows(t, rows)?, 0, 0)?;
+        match &mut self.store {
+            Store::Bundles(b) => b.permute(&src)?,
+            Store::Rows { gate_up, down_t } => {
+                let gu = gate_up
+                    .dense_weight()
+                    .context("an MLP's gate/up rows are a tensor")?;
+                if down_t.device().is_cpu() {
+                    // One matrix at a time: at most one gathered copy is alive.
+                    for (t, rows) in [(gu, &gate_up_rows), (&*down_t, &down_rows)] {
+                        t.slice_set(&crate::kernels::gather_rows(t, rows)?, 0, 0)?;
+                    }
+                } else {
+                    let gu = crate::kernels::gather_rows(gu, &gate_up_rows)?;
+                    *down_t = crate::kernels::gather_rows(down_t, &down_rows)?;
+                    *gate_up = Linear::new(gu, None)?;
+                }
             }
-        } else {
-            let gate_up = crate::kernels::gather_rows(self.gate_up.weight(), &gate_up_rows)?;
-            self.down_t = crate::kernels::gather_rows(&self.down_t, &down_rows)?;
-            self.gate_up = Linear::new(gate_up, None)?;
         }
         self.order = (front.len() != w).then_some(order);
         self.front = front.len();
@@ -210,9 +259,21 @@ impl Mlp {
             Some(held) => held[c as usize],
             None => c,
         });
+        let store = match &self.store {
+            Store::Bundles(b) => Store::Bundles(b.prefix(s)),
+            Store::Rows { gate_up, down_t } => Store::Rows {
+                gate_up: Linear::new(
+                    gate_up
+                        .dense_weight()
+                        .context("an MLP's gate/up rows are a tensor")?
+                        .narrow(0, 0, 2 * s)?,
+                    None,
+                )?,
+                down_t: down_t.narrow(0, 0, s)?,
+            },
+        };
         Ok(Self {
-            gate_up: Linear::new(self.gate_up.weight().narrow(0, 0, 2 * s)?, None)?,
-            down_t: self.down_t.narrow(0, 0, s)?,
+            store,
             width: s,
             neurons: Some(ids.collect()),
             order: None,
@@ -268,19 +329,33 @@ impl Mlp {
 
     /// Moves the weights onto huge pages ([`crate::sys::hugepages`]).
     pub fn collapse_to_huge_pages(&self) {
-        crate::sys::hugepages::collapse_tensor(self.gate_up.weight());
-        crate::sys::hugepages::collapse_tensor(&self.down_t);
+        match &self.store {
+            Store::Rows { gate_up, down_t } => {
+                gate_up.collapse_to_huge_pages();
+                crate::sys::hugepages::collapse_tensor(down_t);
+            }
+            Store::Bundles(b) => b.collapse_to_huge_pages(),
+        }
     }
 
     /// Bytes of weights read per token.
     pub fn weight_bytes(&self) -> usize {
-        self.gate_up.weight_bytes() + self.down_t.elem_count() * self.down_t.dtype().size_in_bytes()
+        match &self.store {
+            Store::Rows { gate_up, down_t } => {
+                gate_up.weight_bytes() + down_t.elem_count() * down_t.dtype().size_in_bytes()
+            }
+            Store::Bundles(b) => b.bytes(),
+        }
     }
 
     /// The input of `down_proj`: `silu(gate(x)) * up(x)`, shape `[.., N]`,
     /// f32, in storage order ([`Mlp::to_canonical`] reorders it).
     pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = self.gate_up.forward(x)?;
+        let gate_up = match &self.store {
+            Store::Bundles(b) => return b.activations(x),
+            Store::Rows { gate_up, .. } => gate_up,
+        };
+        let gu = gate_up.forward(x)?;
         let swiglu = |start: usize, n: usize| -> Result<Tensor> {
             let gate = gu.narrow(D::Minus1, start, n)?;
             let up = gu.narrow(D::Minus1, start + n, n)?;
@@ -301,11 +376,15 @@ impl Mlp {
 
     /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
     pub fn down(&self, a: &Tensor) -> Result<Tensor> {
-        let a = a.to_dtype(self.down_t.dtype())?;
+        let down_t = match &self.store {
+            Store::Bundles(b) => return b.down(a),
+            Store::Rows { down_t, .. } => down_t,
+        };
+        let a = a.to_dtype(down_t.dtype())?;
         let (lead, n) = (a.dims()[..a.rank() - 1].to_vec(), self.width);
-        let y = a.reshape(((), n))?.matmul(&self.down_t)?;
+        let y = a.reshape(((), n))?.matmul(down_t)?;
         let mut dims = lead;
-        dims.push(self.down_t.dim(1)?);
+        dims.push(down_t.dim(1)?);
         Ok(y.reshape(dims)?.to_dtype(DType::F32)?)
     }
 
@@ -321,6 +400,11 @@ impl Mlp {
     /// ([`crate::kernels::swiglu_mlp`]) when the rows are in canonical
     /// order (a dense MLP, a subset, or an arranged MLP's [`Mlp::front`]).
     pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let (gate_up, down_t) = match &self.store {
+            // Bundles hold each neuron whole: any storage order sums the same.
+            Store::Bundles(b) => return b.forward_row(x),
+            Store::Rows { gate_up, down_t } => (gate_up, down_t),
+        };
         if self.order.is_some() {
             let t = Tensor::from_slice(x, (1, x.len()), &candle_core::Device::Cpu)?;
             return Ok(self
@@ -329,8 +413,11 @@ impl Mlp {
                 .to_vec1()?);
         }
         let mut y = vec![0f32; x.len()];
-        crate::kernels::with_weight(self.gate_up.weight(), |gate_up| {
-            crate::kernels::with_weight(&self.down_t, |down_t| {
+        let gate_up = gate_up
+            .dense_weight()
+            .context("an MLP's gate/up rows are a tensor")?;
+        crate::kernels::with_weight(gate_up, |gate_up| {
+            crate::kernels::with_weight(down_t, |down_t| {
                 crate::kernels::swiglu_mlp_weights(x, &gate_up, &down_t, &mut y)
             })
         })?;
@@ -396,13 +483,19 @@ mod tests {
         let dense_y = mlp.forward(&x).unwrap();
         // Its own storage: arranging rewrites the rows in place.
         let mut held = random_mlp(n, h);
-        let storage = (data_ptr(held.gate_up.weight()), data_ptr(&held.down_t));
+        let storage = (
+            data_ptr(held.rows().unwrap().0),
+            data_ptr(held.rows().unwrap().1),
+        );
         // Arrange twice, so the second works from an arranged layout.
         for front in [vec![1usize, 4, 5, 17, 23], vec![0, 4, 9, 10, 11, 17, 20]] {
             held.arrange(&front).unwrap();
             // In place, on the CPU: the loaded storage keeps its pages.
             assert_eq!(
-                (data_ptr(held.gate_up.weight()), data_ptr(&held.down_t)),
+                (
+                    data_ptr(held.rows().unwrap().0),
+                    data_ptr(held.rows().unwrap().1)
+                ),
                 storage
             );
             // Every held neuron still computes, in any storage order.
@@ -423,10 +516,13 @@ mod tests {
             assert!(max_diff(&y, &want_y) < 1e-4);
             // Views, not copies: the front's weights are the held storage.
             assert_eq!(
-                data_ptr(f.gate_up.weight()),
-                data_ptr(held.gate_up.weight())
+                data_ptr(f.rows().unwrap().0),
+                data_ptr(held.rows().unwrap().0)
             );
-            assert_eq!(data_ptr(&f.down_t), data_ptr(&held.down_t));
+            assert_eq!(
+                data_ptr(f.rows().unwrap().1),
+                data_ptr(held.rows().unwrap().1)
+            );
         }
         assert!(held.arrange(&[3, 3]).is_err());
         assert!(held.arrange(&[n]).is_err());
@@ -435,5 +531,68 @@ mod tests {
         held.arrange(&all).unwrap();
         assert!(held.order.is_none());
         assert_eq!(max_diff(&held.forward(&x).unwrap(), &dense_y), 0.0);
+    }
+
+    #[test]
+    fn arranged_bundles_move_whole_neurons_in_place_and_compute_the_same() {
+        use crate::kernels::quant::tests::quantize_rows;
+        use crate::kernels::quant::{BundleLayout, QFormat};
+        let (n, h) = (24, 64);
+        let layout = BundleLayout {
+            hidden: h,
+            gate: QFormat::Q4_1,
+            up: QFormat::Q4_1,
+            down: QFormat::Q8_0,
+        };
+        let rows =
+            |seed: u32, f| quantize_rows(&crate::kernels::test_data::data(n * h, seed), h, f);
+        let (g, u, d) = (
+            rows(1, layout.gate),
+            rows(2, layout.up),
+            rows(3, layout.down),
+        );
+        let (gb, ub, db) = (layout.gate_bytes(), layout.up_bytes(), layout.down_bytes());
+        let mut bytes = Vec::new();
+        for i in 0..n {
+            bytes.extend_from_slice(&g[i * gb..(i + 1) * gb]);
+            bytes.extend_from_slice(&u[i * ub..(i + 1) * ub]);
+            bytes.extend_from_slice(&d[i * db..(i + 1) * db]);
+        }
+        let make =
+            || Mlp::from_bundles(Bundles::new(layout, bytes.clone()).unwrap(), None).unwrap();
+        let dense = make();
+        let x = Tensor::arange(0f32, (2 * h) as f32, &Device::Cpu)
+            .unwrap()
+            .affine(0.01, -0.5)
+            .unwrap()
+            .reshape((1, 2, h))
+            .unwrap();
+        let (dense_a, dense_y) = (dense.activations(&x).unwrap(), dense.forward(&x).unwrap());
+        let row: Vec<f32> = x
+            .narrow(1, 1, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let dense_row = dense.forward_row(&row).unwrap();
+        let mut held = make();
+        for front in [vec![1usize, 4, 5, 17, 23], vec![0, 4, 9, 10, 11, 17, 20]] {
+            held.arrange(&front).unwrap();
+            let a = held.to_canonical(&held.activations(&x).unwrap()).unwrap();
+            assert!(max_diff(&a, &dense_a) < 1e-5);
+            assert!(max_diff(&held.forward(&x).unwrap(), &dense_y) < 1e-4);
+            // Decode sums whole bundles: any storage order, the same row.
+            let y = held.forward_row(&row).unwrap();
+            assert!(y.iter().zip(&dense_row).all(|(a, b)| (a - b).abs() < 1e-4));
+            let f = held.front().unwrap();
+            let ids: Vec<u32> = front.iter().map(|&p| p as u32).collect();
+            assert_eq!(f.neurons(), Some(&ids[..]));
+            let want = dense_a
+                .index_select(&Tensor::new(ids.as_slice(), &Device::Cpu).unwrap(), 2)
+                .unwrap();
+            assert!(max_diff(&f.activations(&x).unwrap(), &want) < 1e-5);
+            assert_eq!(f.weight_bytes(), front.len() * layout.bundle_bytes());
+        }
     }
 }

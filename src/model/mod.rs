@@ -10,12 +10,14 @@
 
 mod attention;
 mod block;
+pub mod bundles;
 pub mod checkpoint;
 pub mod config;
 pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
 mod norm;
+pub mod qfile;
 mod rope;
 pub mod rowread;
 
@@ -59,8 +61,12 @@ pub enum FfnRows {
 /// Options fixed at load time.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Weight dtype in memory (f32 or f16 on CPU; bf16 is refused on CPU).
+    /// Weight dtype in memory (f32 or f16 on CPU; bf16 is refused on CPU);
+    /// with `quant`, the dtype of the f32 parts (norms, biases).
     pub dtype: DType,
+    /// The quantized dtypes (`q8`, `q4`, CPU only): every weight read as
+    /// ggml blocks from the model folder's [`qfile`].
+    pub quant: Option<crate::sys::device::Quant>,
     pub device: Device,
     /// Longest sequence (prompt + generated) this instance serves; defaults to
     /// `min(max_position_embeddings, 4096)`.
@@ -77,7 +83,9 @@ pub struct LoadOptions {
 #[derive(Debug, Clone)]
 pub struct Model {
     cfg: Config,
-    embed_tokens: Tensor,
+    /// The embedding table as a layer (tensor or quantized rows; a tied
+    /// lm_head shares it).
+    embed_tokens: Linear,
     pub blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -87,6 +95,7 @@ pub struct Model {
     /// [`FfnRows::Streamed`]: where each forward pass reads the FFN weights from.
     streamed_from: Option<std::sync::Arc<rowread::RowSource>>,
     dtype: DType,
+    quant: Option<crate::sys::device::Quant>,
     prefill_chunk: usize,
 }
 
@@ -100,6 +109,11 @@ impl Model {
             );
         }
         let cfg = Config::from_file(&dir.join("config.json"))?;
+        if let Some(q) = opts.quant {
+            crate::sys::device::check_quant(&opts.device, opts.quant)?;
+            return Self::load_quantized(dir, &cfg, opts, q)
+                .with_context(|| format!("loading model from {} as {q}", dir.display()));
+        }
         let files = safetensors_files(dir)?;
         crate::sys::device::check_dtype(&opts.device, opts.dtype)?;
         // SAFETY: the files are not modified while mapped (we own the folder).
@@ -126,37 +140,18 @@ impl Model {
         opts: &LoadOptions,
         rows: Option<&crate::model::rowread::RowSource>,
     ) -> Result<Self> {
-        cfg.validate()?;
-        if opts.prefill_chunk == 0 {
-            bail!("prefill_chunk must be at least 1 token");
+        Self::check_options(cfg, opts)?;
+        if opts.quant.is_some() {
+            bail!("quantized dtypes load from the model folder (Model::from_dir)");
         }
-        if let FfnRows::Layers(layers) = &opts.ffn {
-            if layers.len() != cfg.num_hidden_layers {
-                bail!(
-                    "the FFN row selection has {} layers, the model {}",
-                    layers.len(),
-                    cfg.num_hidden_layers
-                );
-            }
-            let n = cfg.intermediate_size;
-            if let Some(&bad) = layers
-                .iter()
-                .flatten()
-                .flatten()
-                .find(|&&id| id as usize >= n)
-            {
-                bail!("the FFN row selection names neuron {bad}; the layers have {n}");
-            }
-        }
-        let max_context = opts
-            .max_context
-            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        let max_context = Self::context(cfg, opts);
         let embed_tokens = vb
             .get(
                 (cfg.vocab_size, cfg.hidden_size),
                 "model.embed_tokens.weight",
             )
             .context("loading model.embed_tokens.weight")?;
+        let embed_tokens = Linear::new(embed_tokens, None)?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let prefix = format!("model.layers.{i}.mlp");
@@ -194,7 +189,7 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(vb.pp("model.norm"), cfg.hidden_size, cfg.rms_norm_eps)?;
         let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed_tokens.clone(), None)?
+            embed_tokens.clone()
         } else {
             Linear::new(
                 vb.get((cfg.vocab_size, cfg.hidden_size), "lm_head.weight")
@@ -204,10 +199,10 @@ impl Model {
         };
         if opts.device.is_cpu() {
             // Decode streams these once per token (see `crate::sys::hugepages`).
-            crate::sys::hugepages::collapse_tensor(lm_head.weight());
+            lm_head.collapse_to_huge_pages();
             for b in &blocks {
-                crate::sys::hugepages::collapse_tensor(b.attn.qkv.weight());
-                crate::sys::hugepages::collapse_tensor(b.attn.o_proj.weight());
+                b.attn.qkv.collapse_to_huge_pages();
+                b.attn.o_proj.collapse_to_huge_pages();
                 b.mlp.collapse_to_huge_pages();
             }
         }
@@ -222,8 +217,103 @@ impl Model {
             device: opts.device.clone(),
             streamed_from: None,
             dtype: opts.dtype,
+            quant: None,
             prefill_chunk: opts.prefill_chunk,
         })
+    }
+
+    /// Refuses options that do not fit the model (the FFN row selection's
+    /// shape, a prefill chunk of 0).
+    fn check_options(cfg: &Config, opts: &LoadOptions) -> Result<()> {
+        cfg.validate()?;
+        if opts.prefill_chunk == 0 {
+            bail!("prefill_chunk must be at least 1 token");
+        }
+        if let FfnRows::Layers(layers) = &opts.ffn {
+            if layers.len() != cfg.num_hidden_layers {
+                bail!(
+                    "the FFN row selection has {} layers, the model {}",
+                    layers.len(),
+                    cfg.num_hidden_layers
+                );
+            }
+            let n = cfg.intermediate_size;
+            if let Some(&bad) = layers
+                .iter()
+                .flatten()
+                .flatten()
+                .find(|&&id| id as usize >= n)
+            {
+                bail!("the FFN row selection names neuron {bad}; the layers have {n}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the quantized dtype `q` from the folder's [`qfile`]: every
+    /// tensor read with `pread` straight into the buffer decode runs on,
+    /// the FFN as neuron bundles (only the neurons `opts.ffn` holds).
+    fn load_quantized(
+        dir: &Path,
+        cfg: &Config,
+        opts: &LoadOptions,
+        q: crate::sys::device::Quant,
+    ) -> Result<Self> {
+        Self::check_options(cfg, opts)?;
+        if opts.ffn == FfnRows::Streamed {
+            bail!("a streamed FFN (disk offload) reads f32/f16 rows; it has no {q} form");
+        }
+        let file = qfile::QFile::open(&dir.join(qfile::file_name(q.name())))?;
+        file.check(cfg, &weights_sha256(dir)?)?;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed_tokens = Linear::with_weights(
+            linear::Weights::Quant(file.matrix(&[("model.embed_tokens.weight", v)], h)?),
+            None,
+        )?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                // Held in ascending order, as the tensor path holds them.
+                let held = match &opts.ffn {
+                    FfnRows::Layers(layers) => layers[i].clone().map(|mut ids| {
+                        ids.sort_unstable();
+                        ids.dedup();
+                        ids
+                    }),
+                    _ => None,
+                };
+                let bundles = file.bundles(i, held.as_deref())?;
+                let mlp = Mlp::from_bundles(bundles, held)?;
+                Block::from_file(&file, cfg, i, mlp).with_context(|| format!("loading layer {i}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            Linear::with_weights(
+                linear::Weights::Quant(file.matrix(&[("lm_head.weight", v)], h)?),
+                None,
+            )?
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed_tokens,
+            blocks,
+            norm: RmsNorm::new(file.f32("model.norm.weight", h)?, cfg.rms_norm_eps),
+            lm_head,
+            rope: Rope::new(cfg, Self::context(cfg, opts), &Device::Cpu)?,
+            max_context: Self::context(cfg, opts),
+            device: Device::Cpu,
+            streamed_from: None,
+            dtype: DType::F32,
+            quant: Some(q),
+            prefill_chunk: opts.prefill_chunk,
+        })
+    }
+
+    /// The longest sequence served (see [`LoadOptions::max_context`]).
+    fn context(cfg: &Config, opts: &LoadOptions) -> usize {
+        opts.max_context
+            .unwrap_or(cfg.max_position_embeddings.min(4096))
     }
 
     pub fn config(&self) -> &Config {
@@ -234,9 +324,17 @@ impl Model {
         &self.device
     }
 
-    /// Dtype of the weight matrices.
+    /// Dtype of the weight tensors (f32 for the quantized dtypes' parts).
     pub fn dtype(&self) -> DType {
-        self.lm_head.weight().dtype()
+        self.dtype
+    }
+
+    /// The weights' dtype by name (`f16`, `q4` …).
+    pub fn weights_name(&self) -> String {
+        match self.quant {
+            Some(q) => q.name().to_string(),
+            None => self.dtype.as_str().to_string(),
+        }
     }
 
     pub fn max_context(&self) -> usize {
@@ -358,13 +456,16 @@ impl Model {
         mlps: Option<&[Option<Mlp>]>,
     ) -> Result<Tensor> {
         let (pos, h) = (cache.len(), self.cfg.hidden_size);
-        let mut x = crate::kernels::with_weight(&self.embed_tokens, |w| {
-            let r = token as usize * h..(token as usize + 1) * h;
-            Ok(match w {
-                crate::kernels::Weight::F32(w) => w[r].to_vec(),
-                crate::kernels::Weight::F16(w) => w[r].iter().map(|v| v.to_f32()).collect(),
-            })
-        })?;
+        let mut x = match self.embed_tokens.weights() {
+            linear::Weights::Quant(q) => q.gather_rows(&[token])?,
+            linear::Weights::Dense(t) => crate::kernels::with_weight(t, |w| {
+                let r = token as usize * h..(token as usize + 1) * h;
+                Ok(match w {
+                    crate::kernels::Weight::F32(w) => w[r].to_vec(),
+                    crate::kernels::Weight::F16(w) => w[r].iter().map(|v| v.to_f32()).collect(),
+                })
+            })?,
+        };
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
             let mlp = mlps.and_then(|m| m[i].as_ref());
@@ -388,12 +489,17 @@ impl Model {
         mlps: Option<&[Option<Mlp>]>,
     ) -> Result<Tensor> {
         let pos = cache.len();
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&ids, 0)?
-            .to_dtype(DType::F32)?
-            .unsqueeze(0)?;
+        let mut x = match self.embed_tokens.weights() {
+            linear::Weights::Quant(q) => Tensor::from_vec(
+                q.gather_rows(tokens)?,
+                (tokens.len(), self.cfg.hidden_size),
+                &self.device,
+            )?,
+            linear::Weights::Dense(t) => t
+                .index_select(&Tensor::new(tokens, &self.device)?, 0)?
+                .to_dtype(DType::F32)?,
+        }
+        .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
             let streamed = match &self.streamed_from {

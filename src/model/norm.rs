@@ -11,6 +11,14 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// A norm over `weight` (`[size]`, f32).
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps: eps as f32,
+        }
+    }
+
     pub fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
         let weight = vb
             .get_with_hints_dtype(size, "weight", Default::default(), DType::F32)

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 
 /// Weight dtype in memory or on disk, as the CLI, the node and
-/// `config.json` name it (`f32`, `f16`, `bf16`).
+/// `config.json` name it (`f32`, `f16`, `bf16`, and the quantized `q8`, `q4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightDtype {
@@ -17,19 +17,54 @@ pub enum WeightDtype {
     F16,
     /// bf16: CUDA devices of compute capability ≥ 8.0 only (never CPU compute).
     Bf16,
+    /// ggml's Q8_0 blocks everywhere (CPU).
+    Q8,
+    /// Each tensor's own 4/5/8-bit GGUF blocks where the neuron-major layout
+    /// keeps them, requantized rows elsewhere (CPU; see `tools::quantize`).
+    Q4,
 }
 
+/// The quantized dtypes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    Q8,
+    Q4,
+}
+
+crate::sys::named::impl_named!(Quant, "quantized dtype", { Q8 => "q8", Q4 => "q4" });
+
 impl WeightDtype {
+    /// The candle dtype of the tensors: the weights', or f32 (norms,
+    /// biases, prefill's dequantized rows) for the quantized dtypes.
     pub fn dtype(self) -> DType {
         match self {
-            Self::F32 => DType::F32,
+            Self::F32 | Self::Q8 | Self::Q4 => DType::F32,
             Self::F16 => DType::F16,
             Self::Bf16 => DType::BF16,
         }
     }
+
+    /// `Some` for the quantized dtypes.
+    pub fn quant(self) -> Option<Quant> {
+        match self {
+            Self::Q8 => Some(Quant::Q8),
+            Self::Q4 => Some(Quant::Q4),
+            _ => None,
+        }
+    }
+
+    /// Refuses the quantized dtypes where only a tensor dtype fits (`what`).
+    pub fn tensor_dtype(self, what: &str) -> Result<DType> {
+        if self.quant().is_some() {
+            bail!("{what} takes f32, f16 or bf16, not {}", self.name());
+        }
+        Ok(self.dtype())
+    }
 }
 
-crate::sys::named::impl_named!(WeightDtype, "dtype", { F32 => "f32", F16 => "f16", Bf16 => "bf16" });
+crate::sys::named::impl_named!(WeightDtype, "dtype", {
+    F32 => "f32", F16 => "f16", Bf16 => "bf16", Q8 => "q8", Q4 => "q4"
+});
 
 /// Parses `cpu` or `cuda:N` (`cuda` = `cuda:0`).
 pub fn parse_device(name: &str) -> Result<Device> {
@@ -59,6 +94,17 @@ pub fn parse_device(name: &str) -> Result<Device> {
         };
         anyhow::anyhow!("device {name}: no usable CUDA device: {first}{hint}")
     })
+}
+
+/// Refuses the quantized dtypes off the CPU: candle's quantized CUDA
+/// matmuls are not wired in (use f16 on CUDA).
+pub fn check_quant(device: &Device, quant: Option<Quant>) -> Result<()> {
+    match (device, quant) {
+        (Device::Cpu, _) | (_, None) => Ok(()),
+        (d, Some(q)) => bail!(
+            "dtype {q} runs on the CPU only; on {d:?} use f16 (the quantized kernels are CPU kernels)"
+        ),
+    }
 }
 
 /// Refuses dtypes a device cannot compute in: CPU takes f32 and f16 (bf16

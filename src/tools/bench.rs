@@ -52,6 +52,11 @@ pub struct BenchReport {
     /// decode tok/s).
     pub compact_build_s: f64,
     pub peak_rss_bytes: u64,
+    /// Peak RSS right after the engine loaded (before any prompt): what
+    /// loading cost, transients included.
+    pub peak_rss_after_load_bytes: u64,
+    /// RSS right after the engine loaded (before any prompt).
+    pub rss_after_load_bytes: u64,
     /// RSS after the runs, engine still loaded (the steady state a node
     /// serving prompts holds, including a selective mode's per-prompt
     /// decode weights; peak RSS also counts load-time transients).
@@ -79,7 +84,7 @@ impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:?} {:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, RSS after {:.0} MiB, {:.1} MB weights/token",
+            "{:?} {:?} {}: prefill {:.1} tok/s, decode {:.2} tok/s, TTFT {:.3} s, peak RSS {:.0} MiB, RSS after load {:.0} MiB, after the runs {:.0} MiB, {:.1} MB weights/token",
             self.engine,
             self.mode,
             self.dtype,
@@ -87,6 +92,7 @@ impl std::fmt::Display for BenchReport {
             self.decode_tokens_per_s,
             self.ttft_s,
             self.peak_rss_bytes as f64 / 1048576.0,
+            self.rss_after_load_bytes as f64 / 1048576.0,
             self.rss_after_bytes as f64 / 1048576.0,
             self.weight_bytes_per_token as f64 / 1e6
         )?;
@@ -168,7 +174,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
             // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
             let codec = engine.codec.clone();
-            let dtype = format!("{:?}", engine.model.dtype()).to_lowercase();
+            let dtype = engine.model.weights_name();
             let engine = &mut engine;
             let run = Box::new(move |ids: &[u32], n: usize| -> Result<Run> {
                 let g = engine.generate_ids(
@@ -198,6 +204,8 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
             (codec, run as RunFn, "gguf".to_string())
         }
     };
+    let (peak_rss_after_load_bytes, rss_after_load_bytes) =
+        (memory::peak_rss_bytes(), memory::rss_bytes());
     let prompts = BENCH_PROMPTS
         .iter()
         .map(|p| codec.chat_prompt_ids(p))
@@ -240,6 +248,8 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         ttft_s: ttft / n,
         compact_build_s: runs.iter().map(|r| r.compact_build_s).sum::<f64>() / n,
         peak_rss_bytes,
+        peak_rss_after_load_bytes,
+        rss_after_load_bytes,
         rss_after_bytes,
         huge_page_bytes,
         device_memory_bytes,

@@ -30,12 +30,12 @@ pub const CONVERTER_VERSION: u32 = 2;
 const STAMP_FILE: &str = "prepared.json";
 
 /// PyTorch's name of a weight dtype (in `config.json`).
-fn torch_name(dtype: WeightDtype) -> &'static str {
-    match dtype {
-        WeightDtype::F32 => "float32",
-        WeightDtype::F16 => "float16",
-        WeightDtype::Bf16 => "bfloat16",
-    }
+fn torch_name(dtype: WeightDtype) -> Result<&'static str> {
+    Ok(match dtype.tensor_dtype("model.safetensors")? {
+        candle_core::DType::F16 => "float16",
+        candle_core::DType::BF16 => "bfloat16",
+        _ => "float32",
+    })
 }
 
 #[derive(serde::Serialize, serde::Deserialize, PartialEq)]
@@ -219,7 +219,7 @@ fn hf_config(g: &Gguf, arch: Arch, dtype: WeightDtype) -> Result<serde_json::Val
         "attention_bias": arch == Arch::Qwen2,
         "bos_token_id": g.usize("tokenizer.ggml.bos_token_id").ok(),
         "eos_token_id": g.usize("tokenizer.ggml.eos_token_id")?,
-        "torch_dtype": torch_name(dtype),
+        "torch_dtype": torch_name(dtype)?,
     });
     if arch == Arch::Qwen2 {
         let m = cfg.as_object_mut().expect("object");
@@ -344,7 +344,7 @@ fn tokenizer_config(g: &Gguf) -> Result<serde_json::Value> {
 }
 
 /// Maps a GGUF tensor name to its HF name.
-fn hf_name(gguf_name: &str) -> Option<String> {
+pub(crate) fn hf_name(gguf_name: &str) -> Option<String> {
     let fixed = match gguf_name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -373,7 +373,7 @@ fn hf_name(gguf_name: &str) -> Option<String> {
 }
 
 /// Undoes llama.cpp's rotary permutation of q/k rows for `llama` GGUF files.
-fn unpermute(w: &Tensor, n_head: usize) -> Result<Tensor> {
+pub(crate) fn unpermute(w: &Tensor, n_head: usize) -> Result<Tensor> {
     let dims = w.dims().to_vec();
     let rows = dims[0];
     let rest: usize = dims[1..].iter().product();

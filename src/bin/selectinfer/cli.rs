@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
 use selectinfer::engine::EngineSpec;
 use selectinfer::method::{Mode, SelectionParams};
-use selectinfer::sys::device::WeightDtype;
+use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::BenchEngine;
 use std::path::PathBuf;
 
@@ -25,7 +25,8 @@ pub struct ModelArgs {
     /// HF-style model folder (config.json, tokenizer.json, *.safetensors).
     #[arg(long, default_value = CLI.model)]
     pub model: PathBuf,
-    /// Weight dtype in memory: f32, f16 or bf16 (CUDA only).
+    /// Weight dtype in memory: f32, f16, bf16 (CUDA only), or the quantized
+    /// q8 / q4 (CPU; ggml blocks, written by prepare-model).
     #[arg(long, default_value_t = CLI.dtype)]
     pub dtype: WeightDtype,
     /// `cpu` or `cuda:N` (CUDA needs a build with `--features cuda`).
@@ -156,6 +157,17 @@ pub enum Command {
         prompts_only: bool,
         #[arg(long)]
         json: bool,
+    },
+    /// Write a model folder's quantized checkpoint (model.q8.siq or
+    /// model.q4.siq) from its weights and kept GGUF; prepare-model does this
+    /// for the catalog's models.
+    Quantize {
+        /// Model folder (config.json, model.safetensors[, model.gguf]).
+        #[arg(long, default_value = CLI.model)]
+        model: PathBuf,
+        /// q8 or q4 (both when not given).
+        #[arg(long)]
+        dtype: Option<Quant>,
     },
     /// Write a model folder of a real config shape with seeded random weights
     /// (speed/memory measurement and device parity only, never accuracy).

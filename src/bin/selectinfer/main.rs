@@ -9,8 +9,9 @@ use clap::Parser;
 use cli::{Cli, Command};
 use selectinfer::engine::{GenerateOptions, Generator, Sampling};
 use selectinfer::method::Mode;
+use selectinfer::sys::device::Quant;
 use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
-use selectinfer::tools::{eval, gguf, parity, prepare, synth};
+use selectinfer::tools::{eval, gguf, parity, prepare, quantize, synth};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -91,13 +92,18 @@ fn run(cli: Cli) -> Result<()> {
                 false => println!("{report}"),
             }
         }
+        Command::Quantize { model, dtype } => {
+            for q in dtype.map_or(vec![Quant::Q8, Quant::Q4], |q| vec![q]) {
+                println!("{}", quantize::quantize_model(&model, q)?.display());
+            }
+        }
         Command::SynthModel {
             shape,
             out,
             seed,
             dtype,
         } => {
-            synth::write_model(&shape, &out, seed, dtype.dtype())?;
+            synth::write_model(&shape, &out, seed, dtype.tensor_dtype("synth-model")?)?;
             println!("{}", out.display());
         }
         Command::DeviceCheck {

@@ -50,7 +50,7 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ("plan_seed", "seed of the random-load subset (load-time)"),
     (
         "dtype",
-        "f32 | f16 | bf16 weights in memory (bf16: CUDA, compute capability >= 8.0; load-time)",
+        "f32 | f16 | bf16 | q8 | q4 weights in memory (bf16: CUDA, compute capability >= 8.0; q8, q4: CPU, ggml blocks; load-time)",
     ),
     ("device", "cpu | cuda:N (load-time)"),
     (

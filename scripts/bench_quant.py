@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The quantized dtypes against llama.cpp, same run, alternated rounds.
+
+Usage (from the repository root, on an otherwise idle machine, after
+`cargo build --release` and `selectinfer prepare-model` of both models):
+  /tmp/refvenv/bin/python scripts/bench_quant.py [--rounds 3] [--threads 2]
+
+For each round and each model, one process after another: our engine
+(`selectinfer bench --json`) for every (dtype, mode) of ROWS, then llama.cpp
+(xllamacpp, scripts/reference/bench_llamacpp.py --token-ids) on the same
+model.gguf, the same prompt token ids (prompt_token_ids of our first
+report) and the same thread count (RAYON_NUM_THREADS and the decode pool
+of our engine = --threads). Every row reports its median round by decode
+tok/s; ratios are of medians. Peak RSS of llama.cpp is its Python
+process's (llama.cpp runs in it). Decode tok/s excludes each prompt's first
+token everywhere (it is part of TTFT). Prints a markdown table and writes
+docs/bench/quant.json.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LLAMA_BENCH = os.path.join(ROOT, "scripts", "reference", "bench_llamacpp.py")
+MODELS = ["models/smollm2-135m-instruct", "models/qwen2.5-coder-0.5b-instruct"]
+# (dtype, mode) of our engine; γ0.7 φ0.4 for selectinfer (the defaults).
+ROWS = [("f16", "dense"), ("q8", "dense"), ("q4", "dense"), ("q4", "selectinfer")]
+SEL = ["--task", "qa", "--load-ratio", "0.7", "--static-ratio", "0.2",
+       "--compute-ratio", "0.4", "--token-ratio", "0.2"]
+
+
+def run_json(cmd, env=None):
+    print("+", shlex.join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    return json.loads(out.stdout)
+
+
+def ours(args, model, dtype, mode):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
+               SELECTINFER_THREADS=str(args.threads))
+    cmd = [args.bin, "bench", "--model", model, "--dtype", dtype, "--mode", mode,
+           "--new-tokens", str(args.new_tokens), "--json"] + SEL
+    return run_json(cmd, env)
+
+
+def llamacpp(args, model, prompts):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompts, f)
+    cmd = [sys.executable, LLAMA_BENCH, "--gguf", os.path.join(model, "model.gguf"),
+           "--threads", str(args.threads), "--n-predict", str(args.new_tokens),
+           "--token-ids", f.name, "--json"]
+    out = run_json(cmd)
+    os.unlink(f.name)
+    return out["results"][0] if "results" in out else out
+
+
+def median_by_decode(reps):
+    reps = sorted(reps, key=lambda r: r["decode_tokens_per_s"])
+    return reps[len(reps) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
+    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "quant.json"))
+    args = ap.parse_args()
+    runs = {}
+    for _ in range(args.rounds):
+        for model in args.models:
+            ids = None
+            for dtype, mode in ROWS:
+                rep = ours(args, model, dtype, mode)
+                ids = ids or rep["prompt_token_ids"]
+                if rep["prompt_token_ids"] != ids:
+                    sys.exit(f"{model}: rows were given different prompt token ids")
+                runs.setdefault((model, dtype, mode), []).append(rep)
+            runs.setdefault((model, "gguf", "llama.cpp"), []).append(llamacpp(args, model, ids))
+    print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | TTFT s | × llama.cpp "
+          "| peak RSS MiB | RSS after load MiB | weights MB/token |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = []
+    for model in args.models:
+        ref = median_by_decode(runs[(model, "gguf", "llama.cpp")])
+        for dtype, mode in ROWS + [("gguf", "llama.cpp")]:
+            r = median_by_decode(runs[(model, dtype, mode)])
+            ours_row = mode != "llama.cpp"
+            cells = [os.path.basename(model), "selectinfer" if ours_row else "llama.cpp",
+                     f"{dtype}, {mode}" if ours_row else "its GGUF",
+                     f"{r['decode_tokens_per_s']:.1f}",
+                     f"{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}",
+                     f"{r['ttft_s']:.3f}", f"{r['ttft_s'] / ref['ttft_s']:.2f}",
+                     f"{r['peak_rss_bytes'] / 2**20:.0f}",
+                     f"{r['rss_after_load_bytes'] / 2**20:.0f}" if "rss_after_load_bytes" in r else "–",
+                     f"{r['weight_bytes_per_token'] / 1e6:.1f}" if "weight_bytes_per_token" in r else "–"]
+            print("| " + " | ".join(cells) + " |")
+            table.append(cells)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "table": table,
+                   "runs": [{"model": k[0], "dtype": k[1], "mode": k[2], "reports": v}
+                            for k, v in runs.items()]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
