@@ -116,18 +116,24 @@ impl Model {
         }
         let files = safetensors_files(dir)?;
         crate::sys::device::check_dtype(&opts.device, opts.dtype)?;
-        // SAFETY: the files are not modified while mapped (we own the folder).
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
-            .with_context(|| format!("reading weights in {}", dir.display()))?;
-        // MLP weights (most of the model) are read with pread, layer by
-        // layer, rather than through the mmap: the mmap's pages would count
-        // in RSS next to our copies (peak ≈ 2× the weights while loading).
-        let source = crate::model::rowread::RowSource::open(&files)?;
+        // Every tensor is read with pread into its final buffer (the MLPs
+        // row by row, only the neurons held), never through a mapping of
+        // the file: a mapping's pages count in RSS next to the copies
+        // (peak ≈ 2× the weights while loading).
+        let source = std::sync::Arc::new(
+            crate::model::rowread::RowSource::open(&files)
+                .with_context(|| format!("reading weights in {}", dir.display()))?,
+        );
+        let vb = VarBuilder::from_backend(
+            Box::new(crate::model::rowread::PreadTensors(source.clone())),
+            opts.dtype,
+            opts.device.clone(),
+        );
         let mut model = Self::load(vb, &cfg, opts, Some(&source))
             .with_context(|| format!("loading model from {}", dir.display()))?;
         if opts.ffn == FfnRows::Streamed {
             source.drop_cached();
-            model.streamed_from = Some(std::sync::Arc::new(source));
+            model.streamed_from = Some(source);
         }
         Ok(model)
     }

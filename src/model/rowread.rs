@@ -175,6 +175,113 @@ impl RowReader {
     }
 }
 
+/// Element types a whole tensor is read into ([`RowReader::tensor`]).
+trait FromF32: Copy + candle_core::WithDType {
+    fn from_f32(v: f32) -> Self;
+}
+impl FromF32 for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl FromF32 for half::f16 {
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
+impl FromF32 for half::bf16 {
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+impl RowReader {
+    /// The whole tensor `name` in `dtype`, read with `pread` a few MiB at a
+    /// time and converted into its final buffer: no mapping of the file and
+    /// no second copy of the tensor while loading.
+    pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor> {
+        fn read<T: FromF32>(r: &RowReader, name: &str, e: &TensorEntry) -> Result<Tensor> {
+            let n: usize = e.shape.iter().product();
+            let elem = e.dtype.size_in_bytes();
+            let step = ((4 << 20) / elem).clamp(1, n.max(1));
+            let mut buf = vec![0u8; step * elem];
+            let mut out: Vec<T> = Vec::with_capacity(n);
+            let mut at = 0;
+            while at < n {
+                let k = step.min(n - at);
+                let bytes = &mut buf[..k * elem];
+                r.file
+                    .read_exact_at(bytes, e.start + (at * elem) as u64)
+                    .with_context(|| format!("{}: reading {name}", r.path.display()))?;
+                match e.dtype {
+                    DType::F32 => {
+                        out.extend(bytes.chunks_exact(4).map(|b| {
+                            T::from_f32(f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                        }))
+                    }
+                    DType::F16 => out.extend(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| T::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32())),
+                    ),
+                    _ => out.extend(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| T::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+                    ),
+                }
+                at += k;
+            }
+            Ok(Tensor::from_vec(out, e.shape.as_slice(), &Device::Cpu)?)
+        }
+        let e = self.entry(name)?;
+        match dtype {
+            DType::F32 => read::<f32>(self, name, e),
+            DType::F16 => read::<half::f16>(self, name, e),
+            DType::BF16 => read::<half::bf16>(self, name, e),
+            other => bail!("{name}: cannot load weights as {other:?}"),
+        }
+    }
+}
+
+/// A [`candle_nn::VarBuilder`] backend reading whole tensors with `pread`
+/// ([`RowReader::tensor`]): loading holds no mapping of the checkpoint
+/// beside the loaded copies.
+pub struct PreadTensors(pub std::sync::Arc<RowSource>);
+
+impl candle_nn::var_builder::SimpleBackend for PreadTensors {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let t = self.get_unchecked(name, dtype, dev)?;
+        if t.shape() != &s {
+            candle_core::bail!(
+                "{name} has shape {:?}, the model config expects {s:?}",
+                t.dims()
+            );
+        }
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self
+            .0
+            .find(name)
+            .and_then(|r| r.tensor(name, dtype))
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        t.to_device(dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.find(name).is_ok()
+    }
+}
+
 /// The row readers of all safetensors files of a checkpoint.
 #[derive(Debug)]
 pub struct RowSource {
