@@ -102,6 +102,12 @@ pub const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
 pub const EVAL_MAX_NEW_TOKENS: usize = 64;
 /// `selectinfer bench`: tokens decoded per prompt.
 pub const BENCH_NEW_TOKENS: usize = 64;
+/// The dev splits (`../shared/data`), one per task.
+pub const DEV_SETS: [&str; 3] = [
+    "../shared/data/qa_squad11.dev.jsonl",
+    "../shared/data/summarization_xsum.dev.jsonl",
+    "../shared/data/translation_wmt22_deen.dev.jsonl",
+];
 
 impl Defaults {
     /// The method's parameters these defaults give (non-negative

@@ -162,6 +162,12 @@ impl Engine {
         )
     }
 
+    /// Weight bytes each decode token reads given a prompt's chosen rows
+    /// (as [`Engine::forced_logits`] returns them).
+    pub fn decode_bytes(&self, chosen: Option<&Chosen>) -> u64 {
+        self.decode_cost(chosen).1
+    }
+
     /// Checks a request against the model before any work is done.
     pub fn validate(&self, prompt_tokens: usize, opts: &GenerateOptions) -> Result<()> {
         opts.sampling.validate()?;

@@ -1,6 +1,7 @@
 //! Tools around the engine (layer 5): fetching and converting real weights
 //! ([`prepare`], [`convert`]), the offline profiler ([`profile`]), the
-//! evaluation harness ([`eval`], [`metrics`], [`data`]), benchmarks
+//! evaluation harness ([`eval`], [`metrics`], [`data`]), the teacher-forced
+//! [`fidelity`] instrument, benchmarks
 //! ([`bench`]), synthetic models of real shapes ([`synth`]), candle's
 //! quantized GGUF model as a baseline engine ([`gguf`]) and the CPU-vs-device
 //! parity check ([`parity`]).
@@ -9,6 +10,7 @@ pub mod bench;
 pub mod convert;
 pub mod data;
 pub mod eval;
+pub mod fidelity;
 pub mod gguf;
 pub mod metrics;
 pub mod parity;

@@ -158,6 +158,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Teacher-forced fidelity of an engine (any dtype and mode, or
+    /// candle-gguf) against dense at --reference-dtype on dev prompts: mean
+    /// KL, top-1 agreement, first divergence, bytes per decode token.
+    Fidelity {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// dense: our engine (--dtype, --mode); candle-gguf: candle's quantized model on model.gguf.
+        #[arg(long, default_value_t = BenchEngine::Dense)]
+        engine: BenchEngine,
+        /// The dense reference's dtype.
+        #[arg(long, default_value_t = WeightDtype::F32)]
+        reference_dtype: WeightDtype,
+        /// Task files, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values = defaults::DEV_SETS)]
+        data: Vec<PathBuf>,
+        /// Prompts per task.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Positions compared per prompt (the reference's greedy continuation).
+        #[arg(long, default_value_t = 32)]
+        tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a model folder's quantized checkpoint (model.q8.siq or
     /// model.q4.siq) from its weights and kept GGUF; prepare-model does this
     /// for the catalog's models.

@@ -11,7 +11,7 @@ use selectinfer::engine::{GenerateOptions, Generator, Sampling};
 use selectinfer::method::Mode;
 use selectinfer::sys::device::Quant;
 use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
-use selectinfer::tools::{eval, gguf, parity, prepare, quantize, synth};
+use selectinfer::tools::{eval, fidelity, gguf, parity, prepare, quantize, synth};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -90,6 +90,49 @@ fn run(cli: Cli) -> Result<()> {
             match json {
                 true => println!("{}", serde_json::to_string_pretty(&report)?),
                 false => println!("{report}"),
+            }
+        }
+        Command::Fidelity {
+            model,
+            engine: kind,
+            reference_dtype,
+            data,
+            limit,
+            tokens,
+            json,
+        } => {
+            let mut reference = selectinfer::engine::EngineSpec {
+                dtype: reference_dtype,
+                mode: Mode::Dense,
+                ..model.spec()
+            }
+            .load()?;
+            let opts = fidelity::FidelityOptions {
+                data,
+                limit,
+                tokens,
+            };
+            let report = match kind {
+                BenchEngine::Dense => {
+                    let mut engine = model.spec().load()?;
+                    fidelity::run(
+                        &mut reference,
+                        &mut fidelity::Candidate::Ours(&mut engine),
+                        &opts,
+                    )?
+                }
+                BenchEngine::CandleGguf => {
+                    let (mut q, _, bytes) = gguf::GgufEngine::load(&model.model)?.into_parts();
+                    fidelity::run(
+                        &mut reference,
+                        &mut fidelity::Candidate::Gguf(&mut q, bytes),
+                        &opts,
+                    )?
+                }
+            };
+            match json {
+                true => println!("{}", serde_json::to_string_pretty(&report)?),
+                false => report.iter().for_each(|t| println!("{t}")),
             }
         }
         Command::Quantize { model, dtype } => {
