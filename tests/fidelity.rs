@@ -21,7 +21,8 @@ fn dense_against_itself_is_exact_and_q4_is_close() {
     };
     let mut reference = spec.load().unwrap();
     let mut same = spec.load().unwrap();
-    let r = fidelity::run(&mut reference, &mut Candidate::Ours(&mut same), &opts).unwrap();
+    let r = fidelity::run(&mut reference, &mut [Candidate::Ours(&mut same)], &opts).unwrap();
+    let r = &r[0];
     assert_eq!((r[0].prompts, r[0].positions), (2, 12));
     assert_eq!(r[0].mean_kl, 0.0);
     assert_eq!(r[0].top1_agreement, 1.0);
@@ -32,9 +33,10 @@ fn dense_against_itself_is_exact_and_q4_is_close() {
     }
     .load()
     .unwrap();
-    let r = fidelity::run(&mut reference, &mut Candidate::Ours(&mut q4), &opts).unwrap();
+    let r = fidelity::run(&mut reference, &mut [Candidate::Ours(&mut q4)], &opts).unwrap();
+    let r = &r[0];
     assert!(r[0].mean_kl > 0.0 && r[0].mean_kl < 0.05, "{}", r[0]);
     assert!(r[0].decode_bytes_per_token < 0.5 * 538e6, "{}", r[0]);
     let bad = FidelityOptions { tokens: 0, ..opts };
-    assert!(fidelity::run(&mut reference, &mut Candidate::Ours(&mut q4), &bad).is_err());
+    assert!(fidelity::run(&mut reference, &mut [Candidate::Ours(&mut q4)], &bad).is_err());
 }

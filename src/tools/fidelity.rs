@@ -10,7 +10,7 @@
 //! Reported per task: mean KL(reference ‖ candidate), top-1 agreement with
 //! the reference's tokens, mean position of the first disagreement (the
 //! continuation's length when there is none), bytes per decode token, and
-//! the time taken.
+//! the time taken. Several candidates share one pass of the reference.
 
 use crate::engine::{Engine, GenerateOptions};
 use crate::tools::eval::{self, EvalOptions};
@@ -65,6 +65,7 @@ pub struct TaskFidelity {
     pub top1_agreement: f64,
     pub mean_first_divergence: f64,
     pub decode_bytes_per_token: f64,
+    /// The candidate's time plus the reference's (shared by every candidate of a run).
     pub seconds: f64,
 }
 
@@ -107,12 +108,14 @@ fn argmax(l: &[f32]) -> u32 {
         .map_or(0, |(i, _)| i as u32)
 }
 
-/// Runs the instrument (see the module docs); `reference` must be dense.
+/// Runs the instrument (see the module docs) for each candidate against
+/// one pass of the reference (`reference` must be dense); returns each
+/// candidate's per-task figures.
 pub fn run(
     reference: &mut Engine,
-    candidate: &mut Candidate,
+    candidates: &mut [Candidate],
     opts: &FidelityOptions,
-) -> Result<Vec<TaskFidelity>> {
+) -> Result<Vec<Vec<TaskFidelity>>> {
     if opts.tokens < 1 || opts.limit < 1 {
         bail!("fidelity needs at least one prompt and one token per prompt");
     }
@@ -121,9 +124,8 @@ pub fn run(
         ignore_eos: true,
         ..Default::default()
     };
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<TaskFidelity>> = candidates.iter().map(|_| Vec::new()).collect();
     for data in &opts.data {
-        let t0 = Instant::now();
         let eval_opts = EvalOptions {
             data: data.clone(),
             template: None,
@@ -132,8 +134,19 @@ pub fn run(
             outputs: PathBuf::new(),
         };
         let records = eval::prompts(&reference.codec, reference.model.max_context(), &eval_opts)?;
-        let (mut kl_sum, mut agree, mut first, mut bytes, mut n) = (0.0, 0, 0usize, 0.0, 0);
+        #[derive(Default)]
+        struct Sums {
+            kl: f64,
+            agree: usize,
+            first: usize,
+            bytes: f64,
+            n: usize,
+            seconds: f64,
+        }
+        let mut sums: Vec<Sums> = candidates.iter().map(|_| Sums::default()).collect();
+        let mut reference_s = 0.0;
         for r in &records {
+            let t0 = Instant::now();
             let ids = &r.prompt_token_ids;
             // The reference is dense: its greedy decode is the model's forward.
             let mut cache = reference.model.new_cache();
@@ -147,31 +160,38 @@ pub fn run(
                     logits = reference.model.forward(&[t], &mut cache)?.to_vec1()?;
                 }
             }
-            let (got, b) = candidate.logits(ids, &want)?;
-            let mut diverged = None;
-            for (i, ((w, g), &t)) in ref_logits.iter().zip(&got).zip(&want).enumerate() {
-                kl_sum += kl(w, g);
-                let same = argmax(g) == t;
-                agree += usize::from(same);
-                if !same && diverged.is_none() {
-                    diverged = Some(i);
+            reference_s += t0.elapsed().as_secs_f64();
+            for (candidate, s) in candidates.iter_mut().zip(&mut sums) {
+                let t0 = Instant::now();
+                let (got, b) = candidate.logits(ids, &want)?;
+                let mut diverged = None;
+                for (i, ((w, g), &t)) in ref_logits.iter().zip(&got).zip(&want).enumerate() {
+                    s.kl += kl(w, g);
+                    let same = argmax(g) == t;
+                    s.agree += usize::from(same);
+                    if !same && diverged.is_none() {
+                        diverged = Some(i);
+                    }
                 }
+                s.first += diverged.unwrap_or(want.len());
+                s.bytes += b as f64;
+                s.n += want.len();
+                s.seconds += t0.elapsed().as_secs_f64();
             }
-            first += diverged.unwrap_or(want.len());
-            bytes += b as f64;
-            n += want.len();
         }
         let prompts = records.len().max(1) as f64;
-        out.push(TaskFidelity {
-            task: records.first().map_or_else(String::new, |r| r.task.clone()),
-            prompts: records.len(),
-            positions: n,
-            mean_kl: kl_sum / n.max(1) as f64,
-            top1_agreement: agree as f64 / n.max(1) as f64,
-            mean_first_divergence: first as f64 / prompts,
-            decode_bytes_per_token: bytes / prompts,
-            seconds: t0.elapsed().as_secs_f64(),
-        });
+        for (o, s) in out.iter_mut().zip(&sums) {
+            o.push(TaskFidelity {
+                task: records.first().map_or_else(String::new, |r| r.task.clone()),
+                prompts: records.len(),
+                positions: s.n,
+                mean_kl: s.kl / s.n.max(1) as f64,
+                top1_agreement: s.agree as f64 / s.n.max(1) as f64,
+                mean_first_divergence: s.first as f64 / prompts,
+                decode_bytes_per_token: s.bytes / prompts,
+                seconds: s.seconds + reference_s,
+            });
+        }
     }
     Ok(out)
 }

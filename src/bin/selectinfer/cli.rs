@@ -164,9 +164,12 @@ pub enum Command {
     Fidelity {
         #[command(flatten)]
         model: ModelArgs,
-        /// dense: our engine (--dtype, --mode); candle-gguf: candle's quantized model on model.gguf.
-        #[arg(long, default_value_t = BenchEngine::Dense)]
-        engine: BenchEngine,
+        /// Candidates of our engine: these dtypes, each in --mode (default: --dtype).
+        #[arg(long, value_delimiter = ',')]
+        dtypes: Vec<WeightDtype>,
+        /// Also candle's quantized model on model.gguf as a candidate.
+        #[arg(long)]
+        gguf: bool,
         /// The dense reference's dtype.
         #[arg(long, default_value_t = WeightDtype::F32)]
         reference_dtype: WeightDtype,

@@ -7,7 +7,7 @@ mod cli;
 use anyhow::{bail, Result};
 use clap::Parser;
 use cli::{Cli, Command};
-use selectinfer::engine::{GenerateOptions, Generator, Sampling};
+use selectinfer::engine::{EngineSpec, GenerateOptions, Generator, Sampling};
 use selectinfer::method::Mode;
 use selectinfer::sys::device::Quant;
 use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
@@ -94,45 +94,62 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Fidelity {
             model,
-            engine: kind,
+            dtypes,
+            gguf: with_gguf,
             reference_dtype,
             data,
             limit,
             tokens,
             json,
         } => {
-            let mut reference = selectinfer::engine::EngineSpec {
+            let spec = model.spec();
+            let mut reference = EngineSpec {
                 dtype: reference_dtype,
                 mode: Mode::Dense,
-                ..model.spec()
+                ..spec.clone()
             }
             .load()?;
+            let dtypes = if dtypes.is_empty() {
+                vec![spec.dtype]
+            } else {
+                dtypes
+            };
+            let mut engines = dtypes
+                .iter()
+                .map(|&dtype| {
+                    EngineSpec {
+                        dtype,
+                        ..spec.clone()
+                    }
+                    .load()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mut names: Vec<String> = dtypes
+                .iter()
+                .map(|d| format!("{d} {}", spec.mode))
+                .collect();
+            let mut q = match with_gguf {
+                true => Some(gguf::GgufEngine::load(&model.model)?.into_parts()),
+                false => None,
+            };
+            let mut candidates: Vec<fidelity::Candidate> =
+                engines.iter_mut().map(fidelity::Candidate::Ours).collect();
+            if let Some((q, _, bytes)) = q.as_mut() {
+                candidates.push(fidelity::Candidate::Gguf(q, *bytes));
+                names.push("candle-gguf".into());
+            }
             let opts = fidelity::FidelityOptions {
                 data,
                 limit,
                 tokens,
             };
-            let report = match kind {
-                BenchEngine::Dense => {
-                    let mut engine = model.spec().load()?;
-                    fidelity::run(
-                        &mut reference,
-                        &mut fidelity::Candidate::Ours(&mut engine),
-                        &opts,
-                    )?
-                }
-                BenchEngine::CandleGguf => {
-                    let (mut q, _, bytes) = gguf::GgufEngine::load(&model.model)?.into_parts();
-                    fidelity::run(
-                        &mut reference,
-                        &mut fidelity::Candidate::Gguf(&mut q, bytes),
-                        &opts,
-                    )?
-                }
-            };
+            let report = fidelity::run(&mut reference, &mut candidates, &opts)?;
+            let named: Vec<_> = names.iter().zip(&report).collect();
             match json {
-                true => println!("{}", serde_json::to_string_pretty(&report)?),
-                false => report.iter().for_each(|t| println!("{t}")),
+                true => println!("{}", serde_json::to_string_pretty(&named)?),
+                false => named.iter().for_each(|(n, tasks)| {
+                    tasks.iter().for_each(|t| println!("{n}: {t}"));
+                }),
             }
         }
         Command::Quantize { model, dtype } => {
