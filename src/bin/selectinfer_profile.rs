@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
+use selectinfer::sys::device::WeightDtype;
 use selectinfer::tools::profile::{self, ProfileConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,9 @@ struct Args {
     /// Run the same forward passes without scoring (overhead baseline); writes nothing.
     #[arg(long)]
     no_score: bool,
+    /// Weight dtype the profiled model runs in (f32, f16, q8, q4).
+    #[arg(long, default_value_t = WeightDtype::F32)]
+    dtype: WeightDtype,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -54,7 +58,12 @@ fn run(args: Args) -> Result<()> {
         cfg.generated_tokens = g;
     }
     cfg.validate()?;
-    let engine = Engine::load(&cfg.model, &LoadOptions::default())?;
+    let opts = LoadOptions {
+        dtype: args.dtype.dtype(),
+        quant: args.dtype.quant(),
+        ..LoadOptions::default()
+    };
+    let engine = Engine::load(&cfg.model, &opts)?;
     let run = profile::run(&engine, &cfg.model, &cfg, !args.no_score)?;
     println!(
         "{} {} tokens in {:.1} s: {:.1} tokens/s",
