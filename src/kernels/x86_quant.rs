@@ -55,6 +55,15 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
+/// Σ of the 32 products of unsigned bytes `q` and signed bytes `y`, as
+/// eight i32 partial sums in f32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn udot(q: __m256i, y: __m256i) -> __m256 {
+    let pairs = _mm256_maddubs_epi16(q, y);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -91,42 +100,6 @@ const fn format_of(f: u8) -> QFormat {
     }
 }
 
-/// A block's weights in one register (as [`block`], without the scales).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weights(format: QFormat, b: *const u8) -> __m256i {
-    match format {
-        QFormat::Q8_0 => _mm256_loadu_si256(b.add(2) as *const __m256i),
-        QFormat::Q4_0 => nibbles(b.add(2)),
-        QFormat::Q4_1 => nibbles(b.add(4)),
-        QFormat::Q5_0 => _mm256_or_si256(nibbles(b.add(6)), fifth_bits(b.add(2))),
-    }
-}
-
-/// Σ of a block's 32 products with the activations' block `y`, as eight
-/// i32 partial sums (the signed `Q8_0` through the sign trick).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_isums(format: QFormat, w: __m256i, y: __m256i) -> __m256i {
-    let pairs = if format == QFormat::Q8_0 {
-        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
-    } else {
-        _mm256_maddubs_epi16(w, y)
-    };
-    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-}
-
-/// The f16 fields at byte `at` of four blocks `bb` apart, as four f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn four_f16(p: *const u8, bb: usize, at: usize) -> __m128 {
-    let h = |j: usize| (p.add(j * bb + at) as *const u16).read_unaligned() as i32;
-    let v = _mm_insert_epi16::<0>(_mm_setzero_si128(), h(0));
-    let v = _mm_insert_epi16::<1>(v, h(1));
-    let v = _mm_insert_epi16::<2>(v, h(2));
-    _mm_cvtph_ps(_mm_insert_epi16::<3>(v, h(3)))
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_format<const F: u8>(row: &[u8], x: &Q8Act) -> f32 {
@@ -135,60 +108,34 @@ unsafe fn dot_format<const F: u8>(row: &[u8], x: &Q8Act) -> f32 {
     let blocks = row.len() / bb;
     let (rp, qp) = (row.as_ptr(), x.q.as_ptr());
     let (dp, sp) = (x.d.as_ptr(), x.s.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    // Σ d·s (Q4_0, Q5_0: times their -8, -16 at the end) or Σ m·s (Q4_1).
-    let mut offsets = _mm_setzero_ps();
-    let mut i = 0;
-    // Four blocks at a time: their eight-lane sums folded into one vector
-    // of [b0 b1 b2 b3 | b0 b1 b2 b3] partial sums by three `hadd`s, so one
-    // conversion and one multiply-add by the four blocks' scales (read as
-    // four f16 at once) serve four blocks (+16–33% over one block at a
-    // time, `examples/quant_speed.rs`).
-    while i + 4 <= blocks {
-        let b = rp.add(i * bb);
-        _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
-        _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES + 64));
-        let sum = |j: usize| {
-            let y = _mm256_loadu_si256(qp.add((i + j) * QK) as *const __m256i);
-            block_isums(format, weights(format, b.add(j * bb)), y)
-        };
-        let s01 = _mm256_hadd_epi32(sum(0), sum(1));
-        let s23 = _mm256_hadd_epi32(sum(2), sum(3));
-        let s = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s01, s23));
-        let dw = four_f16(b, bb, 0);
-        let scale = _mm_mul_ps(dw, _mm_loadu_ps(dp.add(i)));
-        acc = _mm256_fmadd_ps(s, _mm256_set_m128(scale, scale), acc);
-        match format {
-            QFormat::Q8_0 => {}
-            QFormat::Q4_1 => {
-                offsets = _mm_fmadd_ps(four_f16(b, bb, 2), _mm_loadu_ps(sp.add(i)), offsets)
-            }
-            _ => offsets = _mm_fmadd_ps(dw, _mm_loadu_ps(sp.add(i)), offsets),
-        }
-        i += 4;
-    }
-    let lo = _mm256_castps256_ps128(acc);
-    let hi = _mm256_extractf128_ps::<1>(acc);
-    let per_block_offset = match format {
-        QFormat::Q4_0 => -8.0,
-        QFormat::Q5_0 => -16.0,
-        _ => 1.0,
-    };
-    let v = _mm_add_ps(
-        _mm_add_ps(lo, hi),
-        _mm_mul_ps(offsets, _mm_set1_ps(per_block_offset)),
-    );
-    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    let mut total = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)));
-    // The last blocks one at a time.
-    while i < blocks {
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut offset = 0f32;
+    // One block: its products summed into `acc`, its offset into `offset`.
+    let step = |i: usize, acc: &mut __m256, offset: &mut f32| {
         let (w, scale, off) = block(format, rp.add(i * bb));
         let y = _mm256_loadu_si256(qp.add(i * QK) as *const __m256i);
-        let isum = _mm256_cvtepi32_ps(block_isums(format, w, y));
-        total += scale * *dp.add(i) * hsum(isum) + off * *sp.add(i);
-        i += 1;
+        let p = if format == QFormat::Q8_0 {
+            udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
+        } else {
+            udot(w, y)
+        };
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * *dp.add(i)), p, *acc);
+        if format != QFormat::Q8_0 {
+            *offset += off * *sp.add(i);
+        }
+    };
+    let mut i = 0;
+    // Two blocks at a time, into two accumulators.
+    while i + 2 <= blocks {
+        _mm_prefetch::<_MM_HINT_T0>((rp.add(i * bb) as *const i8).wrapping_add(PREFETCH_BYTES));
+        step(i, &mut acc0, &mut offset);
+        step(i + 1, &mut acc1, &mut offset);
+        i += 2;
     }
-    total
+    if i < blocks {
+        step(i, &mut acc0, &mut offset);
+    }
+    hsum(_mm256_add_ps(acc0, acc1)) + offset
 }
 
 /// `row · x`.
