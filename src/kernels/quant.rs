@@ -53,6 +53,17 @@ impl QFormat {
         cols / QK * self.block_bytes()
     }
 
+    /// ggml's name for the format (candle's `GgmlDType`).
+    pub fn ggml(self) -> candle_core::quantized::GgmlDType {
+        use candle_core::quantized::GgmlDType;
+        match self {
+            Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4_1 => GgmlDType::Q4_1,
+            Self::Q5_0 => GgmlDType::Q5_0,
+            Self::Q8_0 => GgmlDType::Q8_0,
+        }
+    }
+
     /// Bits per weight, scales included.
     pub fn bits_per_weight(self) -> f64 {
         self.block_bytes() as f64 * 8.0 / QK as f64
@@ -275,24 +286,15 @@ pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, bundles: &[u8], y: &mut 
 pub(crate) mod tests {
     use super::*;
     use crate::kernels::test_data::data;
-    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
 
     pub const ALL: [QFormat; 4] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
 
-    fn ggml(f: QFormat) -> GgmlDType {
-        match f {
-            QFormat::Q4_0 => GgmlDType::Q4_0,
-            QFormat::Q4_1 => GgmlDType::Q4_1,
-            QFormat::Q5_0 => GgmlDType::Q5_0,
-            QFormat::Q8_0 => GgmlDType::Q8_0,
-        }
-    }
-
     /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's port).
     pub fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
         let t = Tensor::from_slice(w, (w.len() / cols, cols), &Device::Cpu).unwrap();
-        QTensor::quantize(&t, ggml(f))
+        QTensor::quantize(&t, f.ggml())
             .unwrap()
             .data()
             .unwrap()
@@ -332,7 +334,7 @@ pub(crate) mod tests {
             let q = quantize_rows(&w, cols, f);
             let t = QTensor::quantize(
                 &Tensor::from_slice(&w, (4, cols), &Device::Cpu).unwrap(),
-                ggml(f),
+                f.ggml(),
             )
             .unwrap();
             let want: Vec<f32> = t

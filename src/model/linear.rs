@@ -8,7 +8,7 @@
 //! dequantized a chunk of rows at a time into a buffer of ~1 MiB).
 
 use crate::kernels::quant::{self, Q8Act, QFormat};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use std::sync::Arc;
 
@@ -109,10 +109,15 @@ impl QMatrix {
         let n = self.rows();
         let mut out = vec![0f32; ids.len() * self.cols];
         for (&id, o) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
-            if id as usize >= n {
-                bail!("row {id} of a quantized matrix of {n} rows");
-            }
-            self.dequantize_rows(id as usize..id as usize + 1, o);
+            let r = id as usize;
+            let (f, span, data) = self
+                .spans()
+                .find(|(_, span, _)| span.contains(&r))
+                .with_context(|| format!("row {id} of a quantized matrix of {n} rows"))?;
+            let rb = f.row_bytes(self.cols);
+            let at = (r - span.start) * rb;
+            // One row at a time, on this thread (a decode step's embedding).
+            quant::dequantize_row(f, &data[at..at + rb], o);
         }
         Ok(out)
     }

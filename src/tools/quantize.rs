@@ -36,15 +36,6 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-fn ggml(f: QFormat) -> GgmlDType {
-    match f {
-        QFormat::Q4_0 => GgmlDType::Q4_0,
-        QFormat::Q4_1 => GgmlDType::Q4_1,
-        QFormat::Q5_0 => GgmlDType::Q5_0,
-        QFormat::Q8_0 => GgmlDType::Q8_0,
-    }
-}
-
 /// The 32-block format a GGUF type is kept as (`None`: it has none here).
 fn kept(t: GgmlDType) -> Option<QFormat> {
     Some(match t {
@@ -71,7 +62,7 @@ fn target(q: Quant, t: Option<GgmlDType>) -> QFormat {
 
 /// Rows of `t` (`[rows, cols]`, f32) as blocks of `f`, by ggml's own code (candle's port).
 fn quantize(t: &Tensor, f: QFormat) -> Result<Vec<u8>> {
-    Ok(QTensor::quantize(&t.contiguous()?, ggml(f))?
+    Ok(QTensor::quantize(&t.contiguous()?, f.ggml())?
         .data()?
         .to_vec())
 }
