@@ -52,6 +52,7 @@ fn spec(model: &Path, mode: Mode) -> EngineSpec {
             token_ratio: 0.2,
             dense_layers: vec![0],
             task: "qa".into(),
+            score: Default::default(),
         },
         ..Default::default()
     }
@@ -143,6 +144,8 @@ fn tensor_op_selection_chooses_what_the_host_selection_chooses() {
             static_positions: (0..n).step_by(7).collect(),
             token_k: n / 5,
             dynamic_k: n / 4,
+            score: Default::default(),
+            down_norms: None,
         };
         let (h_hits, h_mass) = sel.counts_on_host(a).unwrap();
         let (d_hits, d_mass) = sel.counts_on_device(a).unwrap();
@@ -159,6 +162,8 @@ fn tensor_op_selection_chooses_what_the_host_selection_chooses() {
         static_positions: vec![],
         token_k: n / 2,
         dynamic_k: n / 4,
+        score: Default::default(),
+        down_norms: None,
     };
     let narrow = LayerSelector {
         token_k: n / 10,

@@ -1,42 +1,150 @@
 //! The fidelity instrument on the real SmolLM2: an engine against itself
-//! is exact (KL 0, every top-1 agreeing); a quantized dtype is not, but close.
+//! is exact (KL 0, every top-1 agreeing), and so is every selective mode and
+//! score with every neuron selected; a quantized dtype is not, but close.
 
 mod common;
 
 use selectinfer::engine::EngineSpec;
+use selectinfer::method::params::Score;
+use selectinfer::method::Mode;
 use selectinfer::sys::device::WeightDtype;
+use selectinfer::sys::named::Named;
 use selectinfer::tools::fidelity::{self, Candidate, FidelityOptions};
 
-#[test]
-fn dense_against_itself_is_exact_and_q4_is_close() {
-    let spec = EngineSpec {
+fn spec() -> EngineSpec {
+    EngineSpec {
         model: common::model_dir("smollm2-135m-instruct"),
         ..EngineSpec::default()
-    };
+    }
+}
+
+fn opts() -> FidelityOptions {
     let data = common::repo_root().join("../shared/data/qa_squad11.dev.jsonl");
-    let opts = FidelityOptions {
+    FidelityOptions {
         data: vec![data],
         limit: 2,
         tokens: 6,
-    };
+    }
+}
+
+#[test]
+fn dense_against_itself_is_exact_and_q4_is_close() {
+    let (spec, opts) = (spec(), opts());
     let mut reference = spec.load().unwrap();
     let mut same = spec.load().unwrap();
-    let r = fidelity::run(&mut reference, &mut [Candidate::Ours(&mut same)], &opts).unwrap();
-    let r = &r[0];
-    assert_eq!((r[0].prompts, r[0].positions), (2, 12));
-    assert_eq!(r[0].mean_kl, 0.0);
-    assert_eq!(r[0].top1_agreement, 1.0);
-    assert_eq!(r[0].mean_first_divergence, 6.0);
+    for batched in [false, true] {
+        let r = fidelity::run(
+            &mut reference,
+            &mut [Candidate::Ours {
+                engine: &mut same,
+                selections: vec![],
+                batched,
+            }],
+            &opts,
+        )
+        .unwrap();
+        let r = &r[0][0];
+        assert_eq!((r.prompts, r.positions), (2, 12));
+        // One decode step per token is the reference's own computation;
+        // the batched pass (prefill's matmuls) differs only in rounding.
+        match batched {
+            false => assert_eq!(r.mean_kl, 0.0, "{r}"),
+            true => assert!(r.mean_kl < 1e-6, "{r}"),
+        }
+        assert_eq!(r.top1_agreement, 1.0, "{r}");
+        assert_eq!(r.mean_first_divergence, 6.0, "{r}");
+    }
     let mut q4 = EngineSpec {
         dtype: WeightDtype::Q4,
         ..spec.clone()
     }
     .load()
     .unwrap();
-    let r = fidelity::run(&mut reference, &mut [Candidate::Ours(&mut q4)], &opts).unwrap();
-    let r = &r[0];
-    assert!(r[0].mean_kl > 0.0 && r[0].mean_kl < 0.05, "{}", r[0]);
-    assert!(r[0].decode_bytes_per_token < 0.5 * 538e6, "{}", r[0]);
+    let mut q4 = [Candidate::Ours {
+        engine: &mut q4,
+        selections: vec![],
+        batched: false,
+    }];
+    let r = &fidelity::run(&mut reference, &mut q4, &opts).unwrap()[0][0];
+    assert!(r.mean_kl > 0.0 && r.mean_kl < 0.05, "{r}");
+    assert!(r.decode_bytes_per_token < 0.5 * 538e6, "{r}");
     let bad = FidelityOptions { tokens: 0, ..opts };
-    assert!(fidelity::run(&mut reference, &mut [Candidate::Ours(&mut q4)], &bad).is_err());
+    assert!(fidelity::run(&mut reference, &mut q4, &bad).is_err());
+}
+
+#[test]
+fn every_score_with_every_neuron_selected_is_dense_and_fewer_neurons_are_not() {
+    let opts = opts();
+    let mut reference = spec().load().unwrap();
+    // γ = φ = 1 (selectinfer: all loaded, all computed; coreinfer: φ = 1).
+    let all =
+        fidelity::candidate_spec(&spec(), "mode=selectinfer,gamma=1,delta=0.2,phi=1").unwrap();
+    let mut engine = all.load().unwrap();
+    let mut selections: Vec<_> = Score::ALL
+        .iter()
+        .map(|&score| {
+            let mut p = all.effective_params();
+            p.score = score;
+            p
+        })
+        .collect();
+    let mut fewer = all.effective_params();
+    fewer.compute_ratio = 0.5;
+    fewer.score = Score::Griffin;
+    selections.push(fewer);
+    let r = fidelity::run(
+        &mut reference,
+        &mut [Candidate::Ours {
+            engine: &mut engine,
+            selections,
+            batched: false,
+        }],
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(r.len(), Score::ALL.len() + 1);
+    // Exact up to rounding: the loaded rows come by pread and prefill runs
+    // on a rayon worker, so a matmul may split (and sum) differently.
+    for (score, col) in Score::ALL.iter().zip(&r) {
+        assert!(col[0].mean_kl < 1e-9, "{score}: {}", col[0]);
+        assert_eq!(col[0].top1_agreement, 1.0, "{score}: {}", col[0]);
+    }
+    let half = &r[Score::ALL.len()][0];
+    assert!(half.mean_kl > 1e-3, "{half}");
+    assert!(
+        half.decode_bytes_per_token < r[0][0].decode_bytes_per_token,
+        "{half}"
+    );
+    let core = fidelity::candidate_spec(&spec(), "mode=coreinfer,phi=1,score=wina").unwrap();
+    assert_eq!(core.mode, Mode::Coreinfer);
+    let mut core = core.load().unwrap();
+    let r = fidelity::run(
+        &mut reference,
+        &mut [Candidate::Ours {
+            engine: &mut core,
+            selections: vec![],
+            batched: false,
+        }],
+        &opts,
+    )
+    .unwrap();
+    assert!(r[0][0].mean_kl < 1e-9, "{}", r[0][0]);
+    assert_eq!(r[0][0].top1_agreement, 1.0, "{}", r[0][0]);
+}
+
+#[test]
+fn a_bad_candidate_is_refused_naming_the_key_or_parameter() {
+    let s = spec();
+    for (bad, named) in [
+        ("mode=selectinfer,phi=1.5", "compute_ratio"),
+        ("mode=selectinfer,delta=0.9,phi=0.5", "static_ratio"),
+        ("score=best", "score"),
+        ("temperature=1", "temperature"),
+        ("phi", "key=value"),
+        ("alpha=x", "alpha"),
+    ] {
+        let e = format!("{:#}", fidelity::candidate_spec(&s, bad).unwrap_err());
+        assert!(e.contains(named), "{bad}: {e}");
+        assert!(e.contains(bad), "{bad}: {e}");
+    }
 }

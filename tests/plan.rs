@@ -18,6 +18,7 @@ fn params() -> SelectionParams {
         token_ratio: 0.1,
         dense_layers: vec![0, 29],
         task: "translation".into(),
+        score: Default::default(),
     }
 }
 

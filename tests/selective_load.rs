@@ -19,6 +19,7 @@ fn plan(load_ratio: f64) -> LoadPlan {
         token_ratio: 0.1,
         dense_layers: vec![0, 29],
         task: "qa".into(),
+        score: Default::default(),
     };
     LoadPlan::from_ranking(&ranking, &params).unwrap()
 }
@@ -133,6 +134,7 @@ mod compute {
             token_ratio: 0.2,
             dense_layers: vec![0, 29],
             task: "translation".into(),
+            score: Default::default(),
         };
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");

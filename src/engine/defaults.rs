@@ -6,6 +6,7 @@
 use super::decode::GenerateOptions;
 use super::sampling::Sampling;
 use super::spec::EngineSpec;
+use crate::method::params::Score;
 use crate::method::{Mode, SelectionParams};
 use crate::model::{FfnRows, LoadOptions};
 use crate::sys::device::WeightDtype;
@@ -23,6 +24,8 @@ pub struct Defaults {
     pub mode: Mode,
     /// Task whose base neurons are loaded and static.
     pub task: &'static str,
+    /// How prefill ranks neurons for the dynamic set.
+    pub score: Score,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -57,6 +60,7 @@ pub const CLI: Defaults = Defaults {
     device: "cpu",
     mode: Mode::Dense,
     task: "qa",
+    score: Score::Counts,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -124,6 +128,7 @@ impl Defaults {
                 .filter_map(|&l| usize::try_from(l).ok())
                 .collect(),
             task: self.task.into(),
+            score: self.score,
         }
     }
 

@@ -4,7 +4,8 @@
 
 use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
 use super::text::TextCodec;
-use crate::method::{LayerSelector, Method, PromptCounts};
+use crate::method::params::Score;
+use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -46,9 +47,10 @@ impl Engine {
         let model = Model::from_dir(dir, &opts)?;
         let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
         let mlps: Vec<&Mlp> = model.blocks.iter().map(|b| &b.mlp).collect();
-        let selectors = method
-            .as_ref()
-            .and_then(|m| m.selector(&mlps, model.config().intermediate_size));
+        let selectors = match &method {
+            Some(m) => m.selector(&mlps, model.config().intermediate_size)?,
+            None => None,
+        };
         Ok(Self {
             model,
             codec,
@@ -65,25 +67,40 @@ impl Engine {
         Some((p.compute_ratio, p.token_ratio))
     }
 
+    /// The method's parameters, `None` for dense.
+    pub fn params(&self) -> Option<&SelectionParams> {
+        self.method.as_ref().map(|m| &m.params)
+    }
+
     /// Changes φ (`compute_ratio`) and α (`token_ratio`) for the next prompts,
     /// validated against the load-time γ and δ. Only modes that select per
     /// prompt (selectinfer, coreinfer, random-load) accept it.
     pub fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
+        let layers = self.model.config().num_hidden_layers;
+        self.reselect(|p| p.with_selection(compute_ratio, token_ratio, layers))
+    }
+
+    /// Changes how the next prompts rank neurons for their dynamic set.
+    pub fn set_score(&mut self, score: Score) -> Result<()> {
+        self.reselect(|p| Ok(SelectionParams { score, ..p.clone() }))
+    }
+
+    /// Rebuilds the selection rules from changed parameters.
+    fn reselect(
+        &mut self,
+        change: impl FnOnce(&SelectionParams) -> Result<SelectionParams>,
+    ) -> Result<()> {
         let method = match (&self.method, &self.selectors) {
             (Some(m), Some(_)) => m,
             (m, _) => bail!(
-                "mode {} computes every loaded neuron; compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load",
+                "mode {} computes every loaded neuron; compute_ratio, token_ratio and score apply to selectinfer, coreinfer and random-load",
                 m.as_ref().map_or("dense", |m| m.mode.name())
             ),
         };
         let mut method = method.clone();
-        let cfg = self.model.config();
-        method.params =
-            method
-                .params
-                .with_selection(compute_ratio, token_ratio, cfg.num_hidden_layers)?;
+        method.params = change(&method.params)?;
         let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
-        self.selectors = method.selector(&mlps, cfg.intermediate_size);
+        self.selectors = method.selector(&mlps, self.model.config().intermediate_size)?;
         self.method = Some(method);
         Ok(())
     }
@@ -220,6 +237,101 @@ impl Engine {
             out.push(logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?);
         }
         Ok((out, chosen))
+    }
+
+    /// Teacher forcing of several selections of one prompt (the fidelity
+    /// instrument's loop): the prompt is prefilled once, observed by the
+    /// rules of every entry of `selections` (φ, α, score changed; `[]`: the
+    /// engine's own rules, or none for a mode that does not select); then
+    /// for each, its rows are arranged and `forced` runs from a copy of the
+    /// prompt's cache — one decode step per token, or with `batched` in one
+    /// pass through the prefill path on the same rows. Returns per
+    /// selection the logits after the prompt and after each forced token,
+    /// and the weight bytes each decode token reads.
+    pub fn forced_logits_for(
+        &mut self,
+        prompt: &[u32],
+        forced: &[u32],
+        selections: &[SelectionParams],
+        batched: bool,
+    ) -> Result<Vec<(Vec<Vec<f32>>, u64)>> {
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        let rules: Vec<Option<Vec<Option<LayerSelector>>>> = match (&self.method, selections) {
+            (_, []) => vec![self.selectors.clone()],
+            (Some(m), _) if self.selectors.is_some() => {
+                let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
+                let width = self.model.config().intermediate_size;
+                selections
+                    .iter()
+                    .map(|p| {
+                        let method = Method {
+                            params: p.clone(),
+                            ..m.clone()
+                        };
+                        method.selector(&mlps, width)
+                    })
+                    .collect::<Result<_>>()?
+            }
+            _ => bail!(
+                "this engine's mode does not select per prompt: it has no selections to compare"
+            ),
+        };
+        let layers = self.model.blocks.len();
+        let mut counts = vec![vec![PromptCounts::default(); layers]; rules.len()];
+        let mut cache = self.model.new_cache();
+        let logits = {
+            let (model, blocks) = (&self.model, &self.model.blocks);
+            let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
+                let mut canonical = None;
+                for (r, c) in rules.iter().zip(&mut counts) {
+                    if let Some(sel) = r.as_ref().and_then(|r| r[layer].as_ref()) {
+                        if canonical.is_none() {
+                            canonical = Some(blocks[layer].mlp.to_canonical(a)?);
+                        }
+                        c[layer].add(sel.counts(canonical.as_ref().expect("set above"))?)?;
+                    }
+                }
+                Ok(())
+            };
+            rayon::scope(|_| model.forward_observed(prompt, &mut cache, &mut observe))?
+        };
+        let first = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+        let mut out = Vec::new();
+        for (r, c) in rules.iter().zip(&counts) {
+            let chosen: Option<Chosen> = r
+                .as_ref()
+                .map(|r| {
+                    r.iter()
+                        .zip(c)
+                        .map(|(sel, c)| sel.as_ref().map(|s| s.pick(c)).transpose())
+                        .collect::<Result<_>>()
+                })
+                .transpose()?;
+            let compact = chosen.as_ref().map(|c| self.arrange(c)).transpose()?;
+            let mut cache = cache.fork()?;
+            let mut rows = vec![first.clone()];
+            if !forced.is_empty() {
+                if batched {
+                    let all = self
+                        .model
+                        .forward_all(forced, &mut cache, compact.as_deref())?;
+                    rows.extend(all.to_vec2::<f32>()?);
+                } else {
+                    for &t in forced {
+                        let l = match &compact {
+                            Some(mlps) => self.model.forward_with_mlps(&[t], &mut cache, mlps)?,
+                            None => self.model.forward(&[t], &mut cache)?,
+                        };
+                        rows.push(l.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?);
+                    }
+                }
+            }
+            drop(compact);
+            out.push((rows, self.decode_bytes(chosen.as_ref())));
+        }
+        Ok(out)
     }
 
     /// Chat-formats `prompt` and generates a reply.

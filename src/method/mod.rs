@@ -24,7 +24,7 @@ pub use selection::{LayerSelector, PromptCounts};
 
 use crate::model::{Config, FfnRows, Mlp};
 use anyhow::{Context, Result};
-use params::count;
+use params::{count, Score};
 use ranking::Ranking;
 use selection::positions_of;
 use std::path::Path;
@@ -89,31 +89,42 @@ impl Method {
 
     /// Per-layer selection rules for prompts, `None` when the mode computes
     /// every loaded neuron.
-    pub fn selector(&self, mlps: &[&Mlp], width: usize) -> Option<Vec<Option<LayerSelector>>> {
+    pub fn selector(
+        &self,
+        mlps: &[&Mlp],
+        width: usize,
+    ) -> Result<Option<Vec<Option<LayerSelector>>>> {
         let p = &self.params;
         if !self.mode.selects() {
-            return None;
+            return Ok(None);
         }
         let n_compute = count(p.compute_ratio, width);
-        Some(
-            mlps.iter()
-                .enumerate()
-                .map(|(l, mlp)| {
-                    if p.dense_layers.contains(&l) {
-                        return None;
-                    }
-                    let statics: Vec<u32> = match &self.plan {
-                        Some(plan) => plan.layers[l].loaded[..plan.layers[l].num_static].to_vec(),
-                        None => Vec::new(),
-                    };
-                    let static_positions = positions_of(mlp, &statics);
-                    Some(LayerSelector {
-                        token_k: count(p.token_ratio, mlp.width()).max(1),
-                        dynamic_k: n_compute.saturating_sub(static_positions.len()),
-                        static_positions,
-                    })
-                })
-                .collect(),
-        )
+        mlps.iter()
+            .enumerate()
+            .map(|(l, mlp)| {
+                if p.dense_layers.contains(&l) {
+                    return Ok(None);
+                }
+                let statics: Vec<u32> = match &self.plan {
+                    Some(plan) => plan.layers[l].loaded[..plan.layers[l].num_static].to_vec(),
+                    None => Vec::new(),
+                };
+                let static_positions = positions_of(mlp, &statics);
+                let down_norms = match p.score {
+                    Score::Wina => Some(mlp.down_norms().with_context(|| {
+                        format!("layer {l}: down_proj column norms for the wina score")
+                    })?),
+                    _ => None,
+                };
+                Ok(Some(LayerSelector {
+                    token_k: count(p.token_ratio, mlp.width()).max(1),
+                    dynamic_k: n_compute.saturating_sub(static_positions.len()),
+                    static_positions,
+                    score: p.score,
+                    down_norms,
+                }))
+            })
+            .collect::<Result<_>>()
+            .map(Some)
     }
 }

@@ -7,7 +7,9 @@
 //! - φ `compute_ratio` = δ + ε: neurons computed per prompt, ε dynamic;
 //! - α `token_ratio`: per prompt token, the α fraction of loaded neurons with
 //!   the largest activations are that token's active set;
-//! - `dense_layers`: layers kept whole.
+//! - `dense_layers`: layers kept whole;
+//! - `score`: how a prompt's activations rank the loaded neurons for its
+//!   dynamic set ([`Score`]).
 //!
 //! Ratios become neuron counts by rounding `ratio · N` to the nearest integer.
 
@@ -26,7 +28,32 @@ pub struct SelectionParams {
     pub dense_layers: Vec<usize>,
     /// Which base ranking of the ranking file to use.
     pub task: String,
+    /// How the prompt's activations rank the loaded neurons (dynamic set).
+    #[serde(default)]
+    pub score: Score,
 }
+
+/// How prefill ranks a layer's loaded neurons for the prompt's dynamic set,
+/// from the activations `a[t, j]` (input of `down_proj`) of prompt tokens `t`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Score {
+    /// The paper's: in how many tokens' top α by |a| the neuron is (ties: Σ|a|).
+    #[default]
+    Counts,
+    /// GRIFFIN's (arXiv 2404.01365): `Σ_t (a[t,j] / ‖a[t]‖₂)²`, each token's
+    /// activations normalised so that no token dominates; α is unused.
+    Griffin,
+    /// GRIFFIN's statistic over contributions `a[t,j] · ‖down_j‖₂` (the
+    /// neuron's output norm, as WINA, arXiv 2505.19427, weighs activations).
+    Wina,
+}
+
+crate::sys::named::impl_named!(Score, "score", {
+    Counts => "counts",
+    Griffin => "griffin",
+    Wina => "wina",
+});
 
 impl SelectionParams {
     /// Checks `0 < φ ≤ γ ≤ 1`, `0 ≤ δ ≤ φ`, `0 < α ≤ 1`, naming the parameter at fault.

@@ -2,11 +2,14 @@
 //! neurons of a layer decode computes, from the prompt's activations at
 //! prefill.
 //!
-//! For each prompt token the α fraction of loaded neurons with the largest
-//! |activation| form the token's active set; the ε·N neurons (not static)
-//! active for the most tokens are the prompt's dynamic set (a long prompt
-//! prefilled in chunks adds up its chunks' [`PromptCounts`] first).
+//! The paper's rule ([`Score::Counts`]): for each prompt token the α
+//! fraction of loaded neurons with the largest |activation| form the token's
+//! active set; the ε·N neurons (not static) active for the most tokens are
+//! the prompt's dynamic set. [`Score::Griffin`] and [`Score::Wina`] rank by
+//! normalised activation energy instead (see there). A long prompt
+//! prefilled in chunks adds up its chunks' [`PromptCounts`] first.
 
+use super::params::Score;
 use crate::model::Mlp;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
@@ -37,6 +40,10 @@ pub struct LayerSelector {
     pub token_k: usize,
     /// How many dynamic neurons to add (ε · N).
     pub dynamic_k: usize,
+    /// How the dynamic neurons are ranked.
+    pub score: Score,
+    /// `‖down_j‖₂` per loaded row in canonical order ([`Score::Wina`] only).
+    pub down_norms: Option<Vec<f32>>,
 }
 
 impl LayerSelector {
@@ -53,12 +60,39 @@ impl LayerSelector {
     /// possible. Counts of consecutive chunks of a prompt add up to the
     /// prompt's.
     pub fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
-        let (hits, mass) = if a.device().is_cpu() || a.dim(D::Minus1)? > DEVICE_SORT_MAX {
-            self.counts_on_host(a)?
-        } else {
-            self.counts_on_device(a)?
+        let a = match (&self.score, &self.down_norms) {
+            (Score::Wina, Some(c)) => {
+                a.broadcast_mul(&Tensor::new(c.as_slice(), a.device())?.to_dtype(a.dtype())?)?
+            }
+            (Score::Wina, None) => bail!("the wina score needs the down_proj column norms"),
+            _ => a.clone(),
         };
-        Ok(PromptCounts { hits, mass })
+        if self.score != Score::Counts {
+            return Ok(PromptCounts {
+                energy: self.energy(&a)?,
+                ..Default::default()
+            });
+        }
+        let (hits, mass) = if a.device().is_cpu() || a.dim(D::Minus1)? > DEVICE_SORT_MAX {
+            self.counts_on_host(&a)?
+        } else {
+            self.counts_on_device(&a)?
+        };
+        Ok(PromptCounts {
+            hits,
+            mass,
+            energy: Vec::new(),
+        })
+    }
+
+    /// Per loaded row of `a [1, seq, n]`: `Σ_t (a[t,j] / ‖a[t]‖₂)²`
+    /// (a token whose activations are all zero adds nothing).
+    fn energy(&self, a: &Tensor) -> Result<Vec<f64>> {
+        let a = a.squeeze(0)?.to_dtype(DType::F32)?;
+        let sq = a.sqr()?;
+        let norms = sq.sum_keepdim(1)?.clamp(f32::MIN_POSITIVE, f32::INFINITY)?;
+        let e = sq.broadcast_div(&norms)?.sum(0)?;
+        Ok(e.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
     }
 
     /// Per loaded row: in how many tokens' top `token_k` it is, and Σ|a|.
@@ -111,11 +145,15 @@ impl LayerSelector {
         ))
     }
 
-    /// The static rows plus the `dynamic_k` best non-static rows by
-    /// (hits, mass, lower row), ascending.
+    /// The static rows plus the `dynamic_k` best non-static rows, ascending:
+    /// by (hits, mass, lower row) for [`Score::Counts`], else by (energy,
+    /// lower row).
     pub fn pick(&self, counts: &PromptCounts) -> Result<Vec<usize>> {
-        let (hits, mass) = (&counts.hits, &counts.mass);
-        let n = hits.len();
+        let (hits, mass, energy) = (&counts.hits, &counts.mass, &counts.energy);
+        let n = match self.score {
+            Score::Counts => hits.len(),
+            _ => energy.len(),
+        };
         if self.static_positions.iter().any(|&p| p >= n) {
             bail!("static neuron position out of range ({n} loaded)");
         }
@@ -124,12 +162,15 @@ impl LayerSelector {
             .iter()
             .for_each(|&p| is_static[p] = true);
         let mut candidates: Vec<usize> = (0..n).filter(|&i| !is_static[i]).collect();
-        candidates.sort_by(|&x, &y| {
-            hits[y]
-                .cmp(&hits[x])
-                .then(mass[y].total_cmp(&mass[x]))
-                .then(x.cmp(&y))
-        });
+        match self.score {
+            Score::Counts => candidates.sort_by(|&x, &y| {
+                hits[y]
+                    .cmp(&hits[x])
+                    .then(mass[y].total_cmp(&mass[x]))
+                    .then(x.cmp(&y))
+            }),
+            _ => candidates.sort_by(|&x, &y| energy[y].total_cmp(&energy[x]).then(x.cmp(&y))),
+        }
         candidates.truncate(self.dynamic_k);
         let mut chosen: Vec<usize> = self
             .static_positions
@@ -143,27 +184,33 @@ impl LayerSelector {
 }
 
 /// A prompt's selection statistics for one layer, per loaded row: in how
-/// many tokens' top α the row is (`hits`) and its Σ|a| (`mass`).
+/// many tokens' top α the row is (`hits`) and its Σ|a| (`mass`) for
+/// [`Score::Counts`]; its normalised energy for the other scores.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PromptCounts {
     pub hits: Vec<u32>,
     pub mass: Vec<f64>,
+    pub energy: Vec<f64>,
 }
 
 impl PromptCounts {
     /// Adds the counts of more tokens of the same prompt (the next chunk).
     pub fn add(&mut self, more: PromptCounts) -> Result<()> {
-        if self.hits.is_empty() {
+        if self.hits.is_empty() && self.energy.is_empty() {
             *self = more;
             return Ok(());
         }
-        if more.hits.len() != self.hits.len() {
+        if more.hits.len() != self.hits.len() || more.energy.len() != self.energy.len() {
             bail!(
                 "selection counts of {} rows added to counts of {} rows",
-                more.hits.len(),
-                self.hits.len()
+                more.hits.len().max(more.energy.len()),
+                self.hits.len().max(self.energy.len())
             );
         }
+        self.energy
+            .iter_mut()
+            .zip(more.energy)
+            .for_each(|(h, m)| *h += m);
         self.hits
             .iter_mut()
             .zip(more.hits)
@@ -173,5 +220,75 @@ impl PromptCounts {
             .zip(more.mass)
             .for_each(|(h, m)| *h += m);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn selector(score: Score, dynamic_k: usize, down_norms: Option<Vec<f32>>) -> LayerSelector {
+        LayerSelector {
+            static_positions: vec![0],
+            token_k: 2,
+            dynamic_k,
+            score,
+            down_norms,
+        }
+    }
+
+    #[test]
+    fn griffin_normalises_each_token_and_wina_weighs_by_the_down_norms() {
+        // Token 0 is loud, token 1 quiet: the paper's counts tie rows 1, 2
+        // and 3 (each in one token's top 2) and Σ|a| then favours row 1;
+        // GRIFFIN's per-token normalised energy favours row 3, token 1's
+        // main neuron.
+        let a = Tensor::new(
+            &[[[10f32, 9.0, 0.0, 0.5], [0.0, 0.0, 0.2, -1.0]]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let c = selector(Score::Counts, 1, None);
+        assert_eq!(c.pick(&c.counts(&a).unwrap()).unwrap(), vec![0, 1]);
+        let g = selector(Score::Griffin, 1, None);
+        let e = g.counts(&a).unwrap().energy;
+        let (n0, n1) = (181.25f64, 1.04f64);
+        let want = [100.0 / n0, 81.0 / n0, 0.04 / n1, 0.25 / n0 + 1.0 / n1];
+        for (e, w) in e.iter().zip(want) {
+            assert!((e - w).abs() < 1e-6, "{e} vs {w}");
+        }
+        assert_eq!(g.pick(&g.counts(&a).unwrap()).unwrap(), vec![0, 3]);
+        // WINA: row 1's output weighs 100× the others'.
+        let w = selector(Score::Wina, 1, Some(vec![1.0, 100.0, 1.0, 1.0]));
+        assert_eq!(w.pick(&w.counts(&a).unwrap()).unwrap(), vec![0, 1]);
+        let e = selector(Score::Wina, 1, None).counts(&a).unwrap_err();
+        assert!(e.to_string().contains("column norms"), "{e}");
+    }
+
+    #[test]
+    fn energies_of_chunks_add_up_and_every_row_can_be_chosen() {
+        let a = Tensor::new(
+            &[[[1f32, 2.0, 3.0], [0.0, 0.0, 0.0], [-3.0, 1.0, 0.5]]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let sel = selector(Score::Griffin, 2, None);
+        let whole = sel.counts(&a).unwrap();
+        let mut parts = PromptCounts::default();
+        for t in 0..3 {
+            parts
+                .add(sel.counts(&a.narrow(1, t, 1).unwrap()).unwrap())
+                .unwrap();
+        }
+        for (x, y) in whole.energy.iter().zip(&parts.energy) {
+            assert!((x - y).abs() < 1e-6);
+        }
+        assert_eq!(sel.pick(&whole).unwrap(), vec![0, 1, 2]);
+        let mismatched = PromptCounts {
+            energy: vec![1.0],
+            ..Default::default()
+        };
+        assert!(parts.add(mismatched).is_err());
     }
 }

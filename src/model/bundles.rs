@@ -134,6 +134,23 @@ impl Bundles {
             });
     }
 
+    /// `‖down_j‖₂` of every bundle, in storage order.
+    pub fn down_norms(&self) -> Vec<f32> {
+        let h = self.layout.hidden;
+        let mut out = Vec::with_capacity(self.count);
+        let mut w = Vec::new();
+        for n0 in (0..self.count).step_by(self.chunk()) {
+            let r = n0..(n0 + self.chunk()).min(self.count);
+            w.resize(r.len() * h, 0f32);
+            self.dequantize(2, r, &mut w);
+            out.extend(
+                w.chunks_exact(h)
+                    .map(|row| row.iter().map(|v| v * v).sum::<f32>().sqrt()),
+            );
+        }
+        out
+    }
+
     /// `x [m, H]` (f32, contiguous) times the rows `part` of `range`, transposed.
     fn times(&self, x: &Tensor, part: usize, range: std::ops::Range<usize>) -> Result<Tensor> {
         let h = self.layout.hidden;

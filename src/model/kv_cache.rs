@@ -35,6 +35,25 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// A copy with buffers of its own (a clone shares them, and the next
+    /// positions either writes would land in the same storage).
+    pub fn fork(&self) -> Result<Self> {
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        Ok(Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|c| {
+                    Ok(LayerCache {
+                        k: copy(&c.k)?,
+                        v: copy(&c.v)?,
+                        len: c.len,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
     /// Forgets every position (and frees the buffers).
     pub fn reset(&mut self) {
         self.layers

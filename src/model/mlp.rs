@@ -281,6 +281,16 @@ impl Mlp {
         })
     }
 
+    /// `‖down_j‖₂` of each held neuron (its output's weight norm), in
+    /// canonical order.
+    pub fn down_norms(&self) -> Result<Vec<f32>> {
+        let stored = match &self.store {
+            Store::Rows { down_t, .. } => down_t.to_dtype(DType::F32)?.sqr()?.sum(1)?.sqrt()?,
+            Store::Bundles(b) => Tensor::new(b.down_norms(), &candle_core::Device::Cpu)?,
+        };
+        Ok(self.to_canonical(&stored)?.to_vec1()?)
+    }
+
     /// Activations `a [.., N]` in storage order → canonical order (what
     /// selection works on).
     pub fn to_canonical(&self, a: &Tensor) -> Result<Tensor> {

@@ -398,6 +398,32 @@ impl Model {
         self.forward_inner(tokens, cache, None, Some(mlps))
     }
 
+    /// Runs `tokens` at positions `cache.len()..` through the general
+    /// (prefill) path, with per-layer MLP replacements as
+    /// [`Model::forward_with_mlps`], and returns the logits of every
+    /// position, `[seq, vocab]` f32 (teacher forcing in one pass).
+    pub fn forward_all(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mlps: Option<&[Option<Mlp>]>,
+    ) -> Result<Tensor> {
+        self.check_input(tokens, cache)?;
+        if let Some(m) = mlps.filter(|m| m.len() != self.blocks.len()) {
+            bail!(
+                "{} MLP replacements for {} layers",
+                m.len(),
+                self.blocks.len()
+            );
+        }
+        let mut parts = Vec::new();
+        for chunk in tokens.chunks(self.prefill_chunk) {
+            let x = self.blocks_forward(chunk, cache, None, mlps)?;
+            parts.push(self.lm_head.forward(&self.norm.forward(&x)?)?.squeeze(0)?);
+        }
+        Ok(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
+    }
+
     /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
     /// activations `a = silu(gate)·up` (`[1, seq, N]`, f32) — a profiler's
     /// view of the network. A prompt longer than the prefill chunk is shown
@@ -412,21 +438,16 @@ impl Model {
         self.forward_inner(tokens, cache, Some(observe), None)
     }
 
-    fn forward_inner(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        mut observe: Option<LayerObserver>,
-        mlps: Option<&[Option<Mlp>]>,
-    ) -> Result<Tensor> {
+    /// Refuses an empty input, one past the context, or token ids outside
+    /// the vocabulary.
+    fn check_input(&self, tokens: &[u32], cache: &KvCache) -> Result<()> {
         if tokens.is_empty() {
             bail!("forward called with no tokens");
         }
-        let pos = cache.len();
-        if pos + tokens.len() > self.max_context {
+        if cache.len() + tokens.len() > self.max_context {
             bail!(
                 "sequence of {} tokens exceeds the context of {} tokens",
-                pos + tokens.len(),
+                cache.len() + tokens.len(),
                 self.max_context
             );
         }
@@ -436,6 +457,17 @@ impl Model {
                 self.cfg.vocab_size
             );
         }
+        Ok(())
+    }
+
+    fn forward_inner(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mut observe: Option<LayerObserver>,
+        mlps: Option<&[Option<Mlp>]>,
+    ) -> Result<Tensor> {
+        self.check_input(tokens, cache)?;
         if let [token] = tokens {
             if self.device.is_cpu() && observe.is_none() && self.streamed_from.is_none() {
                 return self.decode_cpu(*token, cache, mlps);

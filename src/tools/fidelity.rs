@@ -10,38 +10,122 @@
 //! Reported per task: mean KL(reference ‖ candidate), top-1 agreement with
 //! the reference's tokens, mean position of the first disagreement (the
 //! continuation's length when there is none), bytes per decode token, and
-//! the time taken. Several candidates share one pass of the reference.
+//! the time taken. Several candidates share one pass of the reference, and
+//! candidates that differ only in what may change between prompts (φ, α,
+//! score: [`SelectionParams::with_selection`]) share one loaded engine
+//! ([`Candidate::Ours`] with `selection`); [`candidate_spec`] reads the
+//! command line's `--candidate` descriptions.
 
-use crate::engine::{Engine, GenerateOptions};
+use crate::engine::{Engine, EngineSpec, GenerateOptions};
+use crate::method::params::Score;
+use crate::method::SelectionParams;
 use crate::tools::eval::{self, EvalOptions};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// What the candidate is.
+/// What the candidates are: our engine under one or more selections, or
+/// candle's quantized GGUF model.
 pub enum Candidate<'a> {
-    Ours(&'a mut Engine),
+    /// Our engine; with `selections`, one candidate per entry (φ, α, score
+    /// changed; [`Engine::forced_logits_for`] prefills once for all), else
+    /// the engine as loaded. `batched`: the forced tokens run in one pass
+    /// through the prefill path on the decode's rows, rather than one decode
+    /// step each (keep it off where decode's kernels differ in numerics
+    /// from prefill's, as the quantized dtypes' 8-bit activations do).
+    Ours {
+        engine: &'a mut Engine,
+        selections: Vec<SelectionParams>,
+        batched: bool,
+    },
     /// candle-transformers' quantized model on the folder's GGUF.
     Gguf(&'a mut crate::tools::gguf::QuantizedModel, u64),
 }
 
+/// The engine `spec` describes, with the `key=value` pairs of `candidate`
+/// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
+/// `alpha`, `score` (or the long names `load_ratio` … `token_ratio`).
+pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
+    let mut s = spec.clone();
+    for pair in candidate
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair
+            .split_once('=')
+            .with_context(|| format!("candidate `{candidate}`: `{pair}` is not key=value"))?;
+        let (key, value) = (key.trim(), value.trim());
+        let ratio = || -> Result<f64> {
+            value.parse().with_context(|| {
+                format!("candidate `{candidate}`: {key} = `{value}` is not a number")
+            })
+        };
+        let named = || format!("candidate `{candidate}`");
+        let p = &mut s.params;
+        match key {
+            "mode" => s.mode = value.parse().with_context(named)?,
+            "dtype" => s.dtype = value.parse().with_context(named)?,
+            "gamma" | "load_ratio" => p.load_ratio = ratio()?,
+            "delta" | "static_ratio" => p.static_ratio = ratio()?,
+            "phi" | "compute_ratio" => p.compute_ratio = ratio()?,
+            "alpha" | "token_ratio" => p.token_ratio = ratio()?,
+            "score" => p.score = value.parse().with_context(named)?,
+            _ => bail!(
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score)"
+            ),
+        }
+    }
+    s.effective_params()
+        .validate(usize::MAX)
+        .with_context(|| format!("candidate `{candidate}`"))?;
+    Ok(s)
+}
+
+/// Whether two specs load the same engine (they may differ in φ, α, score).
+pub fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
+    let strip = |s: &EngineSpec| EngineSpec {
+        params: SelectionParams {
+            compute_ratio: 0.0,
+            token_ratio: 0.0,
+            score: Score::Counts,
+            ..s.params.clone()
+        },
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
 impl Candidate<'_> {
-    /// Teacher-forced logits over `continuation` (row `i` predicts token
-    /// `i`), and the bytes each decode token reads.
-    fn logits(&mut self, prompt: &[u32], continuation: &[u32]) -> Result<(Vec<Vec<f32>>, u64)> {
+    /// How many result columns this candidate gives.
+    fn columns(&self) -> usize {
+        match self {
+            Self::Ours { selections, .. } => selections.len().max(1),
+            Self::Gguf(..) => 1,
+        }
+    }
+
+    /// Per column: teacher-forced logits over `continuation` (row `i`
+    /// predicts token `i`), and the bytes each decode token reads.
+    fn logits(
+        &mut self,
+        prompt: &[u32],
+        continuation: &[u32],
+    ) -> Result<Vec<(Vec<Vec<f32>>, u64)>> {
         let feed = &continuation[..continuation.len() - 1];
         match self {
-            Self::Ours(e) => {
-                let (logits, chosen) = e.forced_logits(prompt, feed, None)?;
-                Ok((logits, e.decode_bytes(chosen.as_ref())))
-            }
+            Self::Ours {
+                engine,
+                selections,
+                batched,
+            } => engine.forced_logits_for(prompt, feed, selections, *batched),
             Self::Gguf(m, bytes) => {
                 let mut out = vec![m.forward(prompt, 0)?.to_vec1::<f32>()?];
                 for (i, &t) in feed.iter().enumerate() {
                     out.push(m.forward(&[t], prompt.len() + i)?.to_vec1::<f32>()?);
                 }
-                Ok((out, *bytes))
+                Ok(vec![(out, *bytes)])
             }
         }
     }
@@ -110,12 +194,24 @@ fn argmax(l: &[f32]) -> u32 {
 
 /// Runs the instrument (see the module docs) for each candidate against
 /// one pass of the reference (`reference` must be dense); returns each
-/// candidate's per-task figures.
+/// result column's per-task figures (candidates in order, a candidate's
+/// selections in order).
 pub fn run(
     reference: &mut Engine,
     candidates: &mut [Candidate],
     opts: &FidelityOptions,
 ) -> Result<Vec<Vec<TaskFidelity>>> {
+    run_with_progress(reference, candidates, opts, &mut |_| {})
+}
+
+/// [`run`], telling `progress` after each prompt how far it is.
+pub fn run_with_progress(
+    reference: &mut Engine,
+    candidates: &mut [Candidate],
+    opts: &FidelityOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<TaskFidelity>>> {
+    let started = Instant::now();
     if opts.tokens < 1 || opts.limit < 1 {
         bail!("fidelity needs at least one prompt and one token per prompt");
     }
@@ -124,7 +220,8 @@ pub fn run(
         ignore_eos: true,
         ..Default::default()
     };
-    let mut out: Vec<Vec<TaskFidelity>> = candidates.iter().map(|_| Vec::new()).collect();
+    let columns: usize = candidates.iter().map(Candidate::columns).sum();
+    let mut out: Vec<Vec<TaskFidelity>> = (0..columns).map(|_| Vec::new()).collect();
     for data in &opts.data {
         let eval_opts = EvalOptions {
             data: data.clone(),
@@ -143,9 +240,9 @@ pub fn run(
             n: usize,
             seconds: f64,
         }
-        let mut sums: Vec<Sums> = candidates.iter().map(|_| Sums::default()).collect();
+        let mut sums: Vec<Sums> = (0..columns).map(|_| Sums::default()).collect();
         let mut reference_s = 0.0;
-        for r in &records {
+        for (done, r) in records.iter().enumerate() {
             let t0 = Instant::now();
             let ids = &r.prompt_token_ids;
             // The reference is dense: its greedy decode is the model's forward.
@@ -161,23 +258,37 @@ pub fn run(
                 }
             }
             reference_s += t0.elapsed().as_secs_f64();
-            for (candidate, s) in candidates.iter_mut().zip(&mut sums) {
+            let mut column = 0;
+            for candidate in candidates.iter_mut() {
                 let t0 = Instant::now();
-                let (got, b) = candidate.logits(ids, &want)?;
-                let mut diverged = None;
-                for (i, ((w, g), &t)) in ref_logits.iter().zip(&got).zip(&want).enumerate() {
-                    s.kl += kl(w, g);
-                    let same = argmax(g) == t;
-                    s.agree += usize::from(same);
-                    if !same && diverged.is_none() {
-                        diverged = Some(i);
+                let results = candidate.logits(ids, &want)?;
+                // A candidate's time is shared by its columns.
+                let seconds = t0.elapsed().as_secs_f64() / results.len().max(1) as f64;
+                for (got, b) in results {
+                    let s = &mut sums[column];
+                    column += 1;
+                    let mut diverged = None;
+                    for (i, ((w, g), &t)) in ref_logits.iter().zip(&got).zip(&want).enumerate() {
+                        s.kl += kl(w, g);
+                        let same = argmax(g) == t;
+                        s.agree += usize::from(same);
+                        if !same && diverged.is_none() {
+                            diverged = Some(i);
+                        }
                     }
+                    s.first += diverged.unwrap_or(want.len());
+                    s.bytes += b as f64;
+                    s.n += want.len();
+                    s.seconds += seconds;
                 }
-                s.first += diverged.unwrap_or(want.len());
-                s.bytes += b as f64;
-                s.n += want.len();
-                s.seconds += t0.elapsed().as_secs_f64();
             }
+            progress(&format!(
+                "{}: prompt {}/{} done, {:.0} s",
+                r.task,
+                done + 1,
+                records.len(),
+                started.elapsed().as_secs_f64()
+            ));
         }
         let prompts = records.len().max(1) as f64;
         for (o, s) in out.iter_mut().zip(&sums) {

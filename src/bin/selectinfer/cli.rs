@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
 use selectinfer::engine::EngineSpec;
+use selectinfer::method::params::Score;
 use selectinfer::method::{Mode, SelectionParams};
 use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::BenchEngine;
@@ -65,6 +66,11 @@ pub struct MethodArgs {
     /// α: per prompt token, the fraction of loaded neurons counted as active.
     #[arg(long, default_value_t = CLI.token_ratio)]
     pub token_ratio: f64,
+    /// How prefill ranks the loaded neurons for the dynamic set: counts (the
+    /// paper's top-α counts), griffin (normalised activation energy), wina
+    /// (griffin over activation × ‖down column‖).
+    #[arg(long, default_value_t = CLI.score)]
+    pub score: Score,
     /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
     #[arg(long, value_delimiter = ',')]
     pub dense_layers: Vec<usize>,
@@ -90,6 +96,7 @@ impl ModelArgs {
                 token_ratio: m.token_ratio,
                 dense_layers: m.dense_layers.clone(),
                 task: m.task.clone(),
+                score: m.score,
             },
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,
@@ -167,6 +174,13 @@ pub enum Command {
         /// Candidates of our engine: these dtypes, each in --mode (default: --dtype).
         #[arg(long, value_delimiter = ',')]
         dtypes: Vec<WeightDtype>,
+        /// A candidate as the flags changed by comma-separated key=value
+        /// pairs (mode, dtype, gamma, delta, phi, alpha, score), e.g.
+        /// `mode=selectinfer,phi=0.5,score=griffin`; repeatable, replaces
+        /// --dtypes. Candidates differing only in phi, alpha and score
+        /// share one loaded engine.
+        #[arg(long)]
+        candidate: Vec<String>,
         /// Also candle's quantized model on model.gguf as a candidate.
         #[arg(long)]
         gguf: bool,
