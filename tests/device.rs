@@ -53,6 +53,7 @@ fn spec(model: &Path, mode: Mode) -> EngineSpec {
             dense_layers: vec![0],
             task: "qa".into(),
             score: Default::default(),
+            gate_keep: 1.0,
         },
         ..Default::default()
     }

@@ -92,6 +92,9 @@ fn every_score_with_every_neuron_selected_is_dense_and_fewer_neurons_are_not() {
     fewer.compute_ratio = 0.5;
     fewer.score = Score::Griffin;
     selections.push(fewer);
+    let mut gated = all.effective_params();
+    gated.gate_keep = 0.5;
+    selections.push(gated);
     let r = fidelity::run(
         &mut reference,
         &mut [Candidate::Ours {
@@ -102,7 +105,7 @@ fn every_score_with_every_neuron_selected_is_dense_and_fewer_neurons_are_not() {
         &opts,
     )
     .unwrap();
-    assert_eq!(r.len(), Score::ALL.len() + 1);
+    assert_eq!(r.len(), Score::ALL.len() + 2);
     // Exact up to rounding: the loaded rows come by pread and prefill runs
     // on a rayon worker, so a matmul may split (and sum) differently.
     for (score, col) in Score::ALL.iter().zip(&r) {
@@ -142,9 +145,22 @@ fn a_bad_candidate_is_refused_naming_the_key_or_parameter() {
         ("temperature=1", "temperature"),
         ("phi", "key=value"),
         ("alpha=x", "alpha"),
+        ("keep=0", "gate_keep"),
+        ("keep=1.5", "gate_keep"),
     ] {
         let e = format!("{:#}", fidelity::candidate_spec(&s, bad).unwrap_err());
         assert!(e.contains(named), "{bad}: {e}");
         assert!(e.contains(bad), "{bad}: {e}");
     }
+}
+
+#[test]
+fn gating_a_quantized_model_is_refused_with_the_reason() {
+    let s = fidelity::candidate_spec(&spec(), "mode=coreinfer,dtype=q8,phi=0.5,keep=0.5").unwrap();
+    let mut engine = s.load().unwrap();
+    let e = engine
+        .forced_logits_for(&[1, 2, 3], &[4], &[s.effective_params()], false)
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("gating") && e.contains("q8/q4"), "{e}");
 }

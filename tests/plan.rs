@@ -19,6 +19,7 @@ fn params() -> SelectionParams {
         dense_layers: vec![0, 29],
         task: "translation".into(),
         score: Default::default(),
+        gate_keep: 1.0,
     }
 }
 

@@ -20,6 +20,7 @@ fn plan(load_ratio: f64) -> LoadPlan {
         dense_layers: vec![0, 29],
         task: "qa".into(),
         score: Default::default(),
+        gate_keep: 1.0,
     };
     LoadPlan::from_ranking(&ranking, &params).unwrap()
 }
@@ -135,6 +136,7 @@ mod compute {
             dense_layers: vec![0, 29],
             task: "translation".into(),
             score: Default::default(),
+            gate_keep: 1.0,
         };
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");

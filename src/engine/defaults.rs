@@ -26,6 +26,8 @@ pub struct Defaults {
     pub task: &'static str,
     /// How prefill ranks neurons for the dynamic set.
     pub score: Score,
+    /// κ: share of computed neurons gated in per decode token (1 = all).
+    pub gate_keep: f64,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -61,6 +63,7 @@ pub const CLI: Defaults = Defaults {
     mode: Mode::Dense,
     task: "qa",
     score: Score::Counts,
+    gate_keep: 1.0,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -129,6 +132,7 @@ impl Defaults {
                 .collect(),
             task: self.task.into(),
             score: self.score,
+            gate_keep: self.gate_keep,
         }
     }
 

@@ -133,7 +133,8 @@ impl Engine {
     /// layer's held rows are rearranged with the chosen ones in front (in
     /// place on the CPU, layer by layer elsewhere, so no second copy of the
     /// chosen neurons stays in memory), and decode runs on views of the fronts.
-    fn arrange(&mut self, chosen: &Chosen) -> Result<DecodeMlps> {
+    /// `keep`: per-token gating of the fronts ([`Mlp::gated`]).
+    fn arrange(&mut self, chosen: &Chosen, keep: Option<usize>) -> Result<DecodeMlps> {
         if chosen.len() != self.model.blocks.len() {
             bail!(
                 "{} layers of chosen rows for a model of {} layers",
@@ -150,31 +151,36 @@ impl Engine {
                 b.mlp
                     .arrange(rows)
                     .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
-                Ok(Some(b.mlp.front()?))
+                Ok(Some(b.mlp.front()?.gated(keep)?))
             })
             .collect()
     }
 
-    /// FFN neurons computed per decode token / all FFN neurons, and weight
-    /// bytes read per decode token, given the prompt's chosen rows.
-    fn decode_cost(&self, chosen: Option<&Chosen>) -> (f64, u64) {
+    /// FFN work per decode token / all FFN neurons' (a gated neuron that
+    /// reads only its gate row counts a third), and weight bytes read per
+    /// decode token, given the prompt's chosen rows and the gating `keep`.
+    fn decode_cost(&self, chosen: Option<&Chosen>, keep: Option<usize>) -> (f64, u64) {
         let cfg = self.model.config();
-        let mut neurons = 0usize;
+        let mut neurons3 = 0usize;
         let mut bytes = self.model.decode_weight_bytes();
         for (i, b) in self.model.blocks.iter().enumerate() {
             match chosen.and_then(|c| c[i].as_ref()) {
                 Some(rows) => {
-                    neurons += rows.len();
                     // Every neuron of a layer has the same bytes (gate, up, down).
                     let per_neuron = b.mlp.weight_bytes() / b.mlp.width().max(1);
-                    bytes = bytes - b.mlp.weight_bytes() + per_neuron * rows.len();
+                    let thirds = match keep {
+                        Some(k) => rows.len() + 2 * crate::kernels::gated_neurons(rows.len(), k),
+                        None => 3 * rows.len(),
+                    };
+                    neurons3 += thirds;
+                    bytes = bytes - b.mlp.weight_bytes() + per_neuron * thirds / 3;
                 }
-                None if self.model.ffn_streamed() => neurons += cfg.intermediate_size,
-                None => neurons += b.mlp.width(),
+                None if self.model.ffn_streamed() => neurons3 += 3 * cfg.intermediate_size,
+                None => neurons3 += 3 * b.mlp.width(),
             }
         }
         (
-            neurons as f64 / (cfg.num_hidden_layers * cfg.intermediate_size) as f64,
+            neurons3 as f64 / (3 * cfg.num_hidden_layers * cfg.intermediate_size) as f64,
             bytes as u64,
         )
     }
@@ -182,7 +188,12 @@ impl Engine {
     /// Weight bytes each decode token reads given a prompt's chosen rows
     /// (as [`Engine::forced_logits`] returns them).
     pub fn decode_bytes(&self, chosen: Option<&Chosen>) -> u64 {
-        self.decode_cost(chosen).1
+        self.decode_cost(chosen, self.gate_keep()).1
+    }
+
+    /// The gating of decode's fronts (`None`: none).
+    fn gate_keep(&self) -> Option<usize> {
+        self.method.as_ref()?.params.gate_keep_count()
     }
 
     /// Checks a request against the model before any work is done.
@@ -227,7 +238,8 @@ impl Engine {
             Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
             None => self.prefill(prompt, &mut cache)?,
         };
-        let compact = chosen.as_ref().map(|c| self.arrange(c)).transpose()?;
+        let keep = self.gate_keep();
+        let compact = chosen.as_ref().map(|c| self.arrange(c, keep)).transpose()?;
         let mut out = vec![logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?];
         for &t in forced {
             let logits = match &compact {
@@ -298,8 +310,15 @@ impl Engine {
             rayon::scope(|_| model.forward_observed(prompt, &mut cache, &mut observe))?
         };
         let first = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+        let keeps: Vec<Option<usize>> = match selections {
+            [] => vec![self.gate_keep()],
+            _ => selections
+                .iter()
+                .map(SelectionParams::gate_keep_count)
+                .collect(),
+        };
         let mut out = Vec::new();
-        for (r, c) in rules.iter().zip(&counts) {
+        for ((r, c), &keep) in rules.iter().zip(&counts).zip(&keeps) {
             let chosen: Option<Chosen> = r
                 .as_ref()
                 .map(|r| {
@@ -309,7 +328,7 @@ impl Engine {
                         .collect::<Result<_>>()
                 })
                 .transpose()?;
-            let compact = chosen.as_ref().map(|c| self.arrange(c)).transpose()?;
+            let compact = chosen.as_ref().map(|c| self.arrange(c, keep)).transpose()?;
             let mut cache = cache.fork()?;
             let mut rows = vec![first.clone()];
             if !forced.is_empty() {
@@ -329,7 +348,7 @@ impl Engine {
                 }
             }
             drop(compact);
-            out.push((rows, self.decode_bytes(chosen.as_ref())));
+            out.push((rows, self.decode_cost(chosen.as_ref(), keep).1));
         }
         Ok(out)
     }
@@ -366,7 +385,8 @@ impl Engine {
         };
         let out = decode_loop(&codec, prompt, opts, &mut steps, &mut on_text)?;
         let chosen = steps.chosen.take();
-        let (compute_ratio, decode_weight_bytes) = self.decode_cost(chosen.as_ref());
+        let (compute_ratio, decode_weight_bytes) =
+            self.decode_cost(chosen.as_ref(), self.gate_keep());
         Ok(out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes))
     }
 }
@@ -408,7 +428,8 @@ impl Steps for EngineSteps<'_> {
         let t = Instant::now();
         // The last prompt's views go first, so the rows move in place.
         self.compact = None;
-        self.compact = Some(self.engine.arrange(c)?);
+        let keep = self.engine.gate_keep();
+        self.compact = Some(self.engine.arrange(c, keep)?);
         // GPU work is queued: wait for it so the build is timed, not the next step.
         self.engine.model.device().synchronize()?;
         Ok(t.elapsed().as_secs_f64())

@@ -36,7 +36,10 @@ mod x86_quant;
 pub use attention::decode_attention;
 pub use gather::gather_rows;
 pub use matvec::{matvec, WeightElem};
-pub use mlp::{swiglu_mlp, swiglu_mlp_weights};
+pub use mlp::{
+    gate_keep_mask, gated_neurons, group_keep, swiglu_mlp, swiglu_mlp_gated, swiglu_mlp_weights,
+    GATE_GROUP,
+};
 pub use norm::rms_norm_row;
 pub use rope::rope_row;
 

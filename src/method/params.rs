@@ -31,6 +31,15 @@ pub struct SelectionParams {
     /// How the prompt's activations rank the loaded neurons (dynamic set).
     #[serde(default)]
     pub score: Score,
+    /// κ: per decode token, the share of the computed neurons that run
+    /// their up and down rows — those with the largest |silu(gate)| in each
+    /// group of 64 ([`crate::kernels::swiglu_mlp_gated`]); 1 = no gating.
+    #[serde(default = "no_gating")]
+    pub gate_keep: f64,
+}
+
+fn no_gating() -> f64 {
+    1.0
 }
 
 /// How prefill ranks a layer's loaded neurons for the prompt's dynamic set,
@@ -69,6 +78,7 @@ impl SelectionParams {
             ("static_ratio", d),
             ("compute_ratio", p),
             ("token_ratio", a),
+            ("gate_keep", self.gate_keep),
         ] {
             if !v.is_finite() {
                 bail!("{name} must be a finite number, got {v}");
@@ -85,6 +95,10 @@ impl SelectionParams {
         }
         if !(a > 0.0 && a <= 1.0) {
             bail!("token_ratio (α) must be in (0, 1], got {a}");
+        }
+        let k = self.gate_keep;
+        if !(k > 0.0 && k <= 1.0) {
+            bail!("gate_keep (κ) must be in (0, 1] (1 = no per-token gating), got {k}");
         }
         if let Some(&l) = self.dense_layers.iter().find(|&&l| l >= num_layers) {
             bail!("dense_layers lists layer {l}, but the model has {num_layers} layers");
@@ -112,6 +126,15 @@ impl SelectionParams {
         };
         p.validate(num_layers)?;
         Ok(p)
+    }
+}
+
+impl SelectionParams {
+    /// Per gating group of [`crate::kernels::GATE_GROUP`] neurons, how many
+    /// run up and down (`None`: κ = 1, no gating).
+    pub fn gate_keep_count(&self) -> Option<usize> {
+        let g = crate::kernels::GATE_GROUP;
+        (self.gate_keep < 1.0).then(|| count(self.gate_keep, g).clamp(1, g))
     }
 }
 

@@ -52,6 +52,9 @@ pub struct Mlp {
     order: Option<Vec<u32>>,
     /// Rows in the front segment (`width` when not arranged).
     front: usize,
+    /// Per-token gating of decode ([`Mlp::gated`]): per group of
+    /// [`crate::kernels::GATE_GROUP`] neurons, how many run up and down.
+    gate_keep: Option<usize>,
 }
 
 impl Mlp {
@@ -80,6 +83,7 @@ impl Mlp {
             neurons: None,
             order: None,
             front: width,
+            gate_keep: None,
         })
     }
 
@@ -101,6 +105,7 @@ impl Mlp {
             neurons,
             order: None,
             front: width,
+            gate_keep: None,
         })
     }
 
@@ -278,7 +283,48 @@ impl Mlp {
             neurons: Some(ids.collect()),
             order: None,
             front: s,
+            gate_keep: None,
         })
+    }
+
+    /// This MLP with per-token gating: each decode token runs up and down
+    /// for only the `keep` neurons of each group of
+    /// [`crate::kernels::GATE_GROUP`] with the largest |silu(gate)|
+    /// (`None`: every neuron). f32/f16 rows only.
+    pub fn gated(mut self, keep: Option<usize>) -> Result<Self> {
+        if let Some(k) = keep {
+            if matches!(self.store, Store::Bundles(_)) {
+                anyhow::bail!(
+                    "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated"
+                );
+            }
+            if self.order.is_some() {
+                anyhow::bail!(
+                    "per-token gating applies to an MLP in canonical order (a front view)"
+                );
+            }
+            if !(1..=crate::kernels::GATE_GROUP).contains(&k) {
+                anyhow::bail!(
+                    "gating keeps 1..={} neurons per group, got {k}",
+                    crate::kernels::GATE_GROUP
+                );
+            }
+        }
+        self.gate_keep = keep;
+        Ok(self)
+    }
+
+    /// Weight bytes one decode token reads: every row, or with gating every
+    /// gate row and the kept share of up and down rows.
+    pub fn decode_bytes(&self) -> usize {
+        let all = self.weight_bytes();
+        match self.gate_keep {
+            None => all,
+            Some(k) => {
+                let per_row = all / (3 * self.width.max(1));
+                per_row * (self.width + 2 * crate::kernels::gated_neurons(self.width, k))
+            }
+        }
     }
 
     /// `‖down_j‖₂` of each held neuron (its output's weight norm), in
@@ -372,6 +418,9 @@ impl Mlp {
             Ok((candle_nn::ops::silu(&gate)? * up)?)
         };
         let (s, back) = (self.front, self.width - self.front);
+        if let Some(keep) = self.gate_keep {
+            return self.gated_activations(&gu, keep);
+        }
         if self.order.is_none() || back == 0 {
             return swiglu(0, self.width);
         }
@@ -382,6 +431,36 @@ impl Mlp {
             &[swiglu(0, s)?, swiglu(2 * s, back)?],
             D::Minus1,
         )?)
+    }
+
+    /// The activations of a gated MLP from its `gate_up` output `[.., 2N]`:
+    /// per row, the neurons [`crate::kernels::gate_keep_mask`] drops are 0
+    /// (what the gated decode kernel computes, batched).
+    fn gated_activations(&self, gu: &Tensor, keep: usize) -> Result<Tensor> {
+        use crate::kernels::{gate_keep_mask, group_keep, GATE_GROUP};
+        let n = self.width;
+        let dims = gu.dims().to_vec();
+        let rows = gu
+            .to_dtype(DType::F32)?
+            .reshape(((), 2 * n))?
+            .to_vec2::<f32>()?;
+        let mut out = Vec::with_capacity(rows.len() * n);
+        let mut mask = Vec::new();
+        for row in &rows {
+            let (gate, up) = row.split_at(n);
+            for (g, u) in gate.chunks(GATE_GROUP).zip(up.chunks(GATE_GROUP)) {
+                gate_keep_mask(g, group_keep(keep, g.len()), &mut mask);
+                out.extend(g.iter().zip(u).zip(&mask).map(|((&g, &u), &on)| match on {
+                    true => g / (1.0 + (-g).exp()) * u,
+                    false => 0.0,
+                }));
+            }
+        }
+        let mut shape = dims;
+        *shape
+            .last_mut()
+            .expect("gate_up output has a last dimension") = n;
+        Ok(Tensor::from_vec(out, shape, gu.device())?)
     }
 
     /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
@@ -428,7 +507,7 @@ impl Mlp {
             .context("an MLP's gate/up rows are a tensor")?;
         crate::kernels::with_weight(gate_up, |gate_up| {
             crate::kernels::with_weight(down_t, |down_t| {
-                crate::kernels::swiglu_mlp_weights(x, &gate_up, &down_t, &mut y)
+                crate::kernels::swiglu_mlp_weights(x, &gate_up, &down_t, &mut y, self.gate_keep)
             })
         })?;
         Ok(y)

@@ -45,7 +45,7 @@ pub enum Candidate<'a> {
 
 /// The engine `spec` describes, with the `key=value` pairs of `candidate`
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
-/// `alpha`, `score` (or the long names `load_ratio` … `token_ratio`).
+/// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
     for pair in candidate
@@ -72,8 +72,9 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "phi" | "compute_ratio" => p.compute_ratio = ratio()?,
             "alpha" | "token_ratio" => p.token_ratio = ratio()?,
             "score" => p.score = value.parse().with_context(named)?,
+            "keep" | "gate_keep" => p.gate_keep = ratio()?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep)"
             ),
         }
     }
@@ -90,6 +91,7 @@ pub fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
             compute_ratio: 0.0,
             token_ratio: 0.0,
             score: Score::Counts,
+            gate_keep: 1.0,
             ..s.params.clone()
         },
         ..s.clone()
@@ -140,7 +142,7 @@ pub struct FidelityOptions {
     pub tokens: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TaskFidelity {
     pub task: String,
     pub prompts: usize,

@@ -4,7 +4,8 @@
 //! [`fidelity`] instrument, benchmarks
 //! ([`bench`]), synthetic models of real shapes ([`synth`]), candle's
 //! quantized GGUF model as a baseline engine ([`gguf`]) and the CPU-vs-device
-//! parity check ([`parity`]).
+//! parity check ([`parity`]); with the `plot` feature, the fidelity
+//! instrument's retention/speed-up plot ([`plot`]).
 
 pub mod bench;
 pub mod convert;
@@ -14,6 +15,8 @@ pub mod fidelity;
 pub mod gguf;
 pub mod metrics;
 pub mod parity;
+#[cfg(feature = "plot")]
+pub mod plot;
 pub mod prepare;
 pub mod profile;
 pub mod quantize;

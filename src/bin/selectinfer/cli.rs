@@ -71,6 +71,10 @@ pub struct MethodArgs {
     /// (griffin over activation × ‖down column‖).
     #[arg(long, default_value_t = CLI.score)]
     pub score: Score,
+    /// κ: per decode token, the share of computed neurons whose up and down
+    /// rows run (largest |silu(gate)| per group of 64); 1 = no gating.
+    #[arg(long, default_value_t = CLI.gate_keep)]
+    pub gate_keep: f64,
     /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
     #[arg(long, value_delimiter = ',')]
     pub dense_layers: Vec<usize>,
@@ -97,6 +101,7 @@ impl ModelArgs {
                 dense_layers: m.dense_layers.clone(),
                 task: m.task.clone(),
                 score: m.score,
+                gate_keep: m.gate_keep,
             },
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,
@@ -175,9 +180,9 @@ pub enum Command {
         #[arg(long, value_delimiter = ',')]
         dtypes: Vec<WeightDtype>,
         /// A candidate as the flags changed by comma-separated key=value
-        /// pairs (mode, dtype, gamma, delta, phi, alpha, score), e.g.
+        /// pairs (mode, dtype, gamma, delta, phi, alpha, score, keep), e.g.
         /// `mode=selectinfer,phi=0.5,score=griffin`; repeatable, replaces
-        /// --dtypes. Candidates differing only in phi, alpha and score
+        /// --dtypes. Candidates differing only in phi, alpha, score and keep
         /// share one loaded engine.
         #[arg(long)]
         candidate: Vec<String>,

@@ -44,6 +44,14 @@ pub const PARAMETERS: &[(&str, &str)] = &[
         "alpha: per-token active fraction at prefill (runtime)",
     ),
     (
+        "score",
+        "counts | griffin | wina: how prefill ranks neurons for the dynamic set (load-time)",
+    ),
+    (
+        "gate_keep",
+        "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
+    ),
+    (
         "dense_layers",
         "layers kept whole; negative counts from the end (load-time)",
     ),
@@ -213,6 +221,11 @@ impl NodeParams {
             "static_ratio" => e.params.static_ratio = float(name, v)?,
             "compute_ratio" => self.runtime.compute_ratio = float(name, v)?,
             "token_ratio" => self.runtime.token_ratio = float(name, v)?,
+            "score" => {
+                let s = string(name, v)?;
+                e.params.score = s.parse().context("parameter score")?;
+            }
+            "gate_keep" => e.params.gate_keep = float(name, v)?,
             "dense_layers" => {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
@@ -287,6 +300,8 @@ impl NodeParams {
             "static_ratio" => ParameterValue::Double(e.params.static_ratio),
             "compute_ratio" => ParameterValue::Double(r.compute_ratio),
             "token_ratio" => ParameterValue::Double(r.token_ratio),
+            "score" => ParameterValue::String(e.params.score.name().into()),
+            "gate_keep" => ParameterValue::Double(e.params.gate_keep),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(e.dtype.name().into()),
