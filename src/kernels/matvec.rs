@@ -19,9 +19,43 @@ pub trait WeightElem: Copy + Send + Sync + 'static {
     fn dot(w: &[Self], x: &[f32]) -> f32;
     /// `y += a[0]*w[0] + ... + a[r-1]*w[r-1]` over `r` rows of length `y.len()`.
     fn axpy_rows(a: &[f32], w: &[Self], y: &mut [f32]);
+    /// [`WeightElem::dot`] of a row read alone: no prefetch past its end
+    /// (the gated kernel skips rows; fetching them would waste bandwidth).
+    fn dot_alone(w: &[Self], x: &[f32]) -> f32 {
+        Self::dot(w, x)
+    }
+    /// [`WeightElem::axpy_rows`] of rows read alone (see [`WeightElem::dot_alone`]).
+    fn axpy_alone(a: &[f32], w: &[Self], y: &mut [f32]) {
+        Self::axpy_rows(a, w, y)
+    }
+    /// Asks the caches for `w`, a row read alone soon (a hint).
+    fn prefetch(w: &[Self]) {
+        #[cfg(target_arch = "x86_64")]
+        x86::prefetch_all(w);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = w;
+    }
 }
 
 impl WeightElem for f32 {
+    #[inline]
+    fn dot_alone(w: &[f32], x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            return unsafe { x86::dot_f32_ahead::<0>(w, x) };
+        }
+        portable::dot_f32(w, x)
+    }
+    #[inline]
+    fn axpy_alone(a: &[f32], w: &[f32], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: as above.
+            return unsafe { x86::axpy_rows_f32_alone(a, w, y) };
+        }
+        Self::axpy_rows(a, w, y)
+    }
     #[inline]
     fn dot(w: &[f32], x: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
@@ -48,6 +82,24 @@ impl WeightElem for f32 {
 }
 
 impl WeightElem for f16 {
+    #[inline]
+    fn dot_alone(w: &[f16], x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked above).
+            return unsafe { x86::dot_f16_ahead::<0>(w, x) };
+        }
+        portable::dot_f16(w, x)
+    }
+    #[inline]
+    fn axpy_alone(a: &[f32], w: &[f16], y: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // SAFETY: as above.
+            return unsafe { x86::axpy_rows_f16_alone(a, w, y) };
+        }
+        Self::axpy_rows(a, w, y)
+    }
     #[inline]
     fn dot(w: &[f16], x: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]

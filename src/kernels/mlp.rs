@@ -66,13 +66,32 @@ fn silu(g: f32) -> f32 {
 pub fn gate_keep_mask(gates: &[f32], keep: usize, mask: &mut Vec<bool>) {
     mask.clear();
     mask.resize(gates.len(), false);
-    let mut idx: Vec<usize> = (0..gates.len()).collect();
-    let score = |i: usize| silu(gates[i]).abs();
     let k = keep.min(gates.len());
-    if k < gates.len() {
-        idx.select_nth_unstable_by(k, |&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    if k == gates.len() {
+        mask.fill(true);
+        return;
     }
-    idx[..k].iter().for_each(|&i| mask[i] = true);
+    // (|silu|, index) once per neuron; the comparisons then cost nothing.
+    let mut scored = [(0f32, 0u32); GATE_GROUP];
+    let scored = &mut scored[..gates.len().min(GATE_GROUP)];
+    if scored.len() < gates.len() {
+        // Wider than a group (callers pass one group): rank in a Vec.
+        let mut all: Vec<(f32, u32)> = gates
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| (silu(g).abs(), i as u32))
+            .collect();
+        all.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        all[..k].iter().for_each(|&(_, i)| mask[i as usize] = true);
+        return;
+    }
+    for (s, (i, &g)) in scored.iter_mut().zip(gates.iter().enumerate()) {
+        *s = (silu(g).abs(), i as u32);
+    }
+    scored.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored[..k]
+        .iter()
+        .for_each(|&(_, i)| mask[i as usize] = true);
 }
 
 /// [`swiglu_mlp`] gated per token: in each group of [`GATE_GROUP`]
@@ -99,7 +118,12 @@ pub fn swiglu_mlp_gated<T: WeightElem>(
     pool.run_blocks(&blocks, |index, groups| {
         // SAFETY: one partial per block; the blocks of one call are distinct.
         let part = unsafe { parts.range(index * h..(index + 1) * h) };
-        let mut mask = Vec::with_capacity(GATE_GROUP);
+        /// Kept neurons whose rows are asked for ahead of their turn.
+        const AHEAD: usize = 2;
+        let (mut mask, mut kept) = (
+            Vec::with_capacity(GATE_GROUP),
+            Vec::with_capacity(GATE_GROUP),
+        );
         for g in groups {
             let rows = g * GATE_GROUP..((g + 1) * GATE_GROUP).min(n);
             let gates: Vec<f32> = gate[rows.start * h..rows.end * h]
@@ -107,12 +131,22 @@ pub fn swiglu_mlp_gated<T: WeightElem>(
                 .map(|w| T::dot(w, x))
                 .collect();
             gate_keep_mask(&gates, group_keep(keep, rows.len()), &mut mask);
-            for (j, (&g, &on)) in gates.iter().zip(&mask).enumerate() {
-                if on {
-                    let r = (rows.start + j) * h..(rows.start + j + 1) * h;
-                    let a = silu(g) * T::dot(&up[r.clone()], x);
-                    T::axpy_rows(&[a], &down_t[r], part);
+            kept.clear();
+            kept.extend((0..rows.len()).filter(|&j| mask[j]).map(|j| rows.start + j));
+            let span = |i: usize| i * h..(i + 1) * h;
+            // Kept rows are not consecutive: ask for them a few neurons
+            // ahead, as the hardware prefetcher would for a stream.
+            for &i in kept.iter().take(AHEAD) {
+                T::prefetch(&up[span(i)]);
+                T::prefetch(&down_t[span(i)]);
+            }
+            for (p, &i) in kept.iter().enumerate() {
+                if let Some(&next) = kept.get(p + AHEAD) {
+                    T::prefetch(&up[span(next)]);
+                    T::prefetch(&down_t[span(next)]);
                 }
+                let a = silu(gates[i - rows.start]) * T::dot_alone(&up[span(i)], x);
+                T::axpy_alone(&[a], &down_t[span(i)], part);
             }
         }
     });

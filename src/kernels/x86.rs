@@ -42,6 +42,18 @@ unsafe fn prefetch<T>(p: *const T, ahead: usize) {
     _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(ahead));
 }
 
+/// Asks for every cache line of `w` (a row about to be read alone).
+#[inline]
+pub fn prefetch_all<T>(w: &[T]) {
+    let (p, bytes) = (w.as_ptr() as *const i8, std::mem::size_of_val(w));
+    let mut o = 0;
+    while o < bytes {
+        // SAFETY: a prefetch is a hint; it never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o)) };
+        o += 64;
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_f16(p: *const f16) -> __m256 {
@@ -50,14 +62,23 @@ unsafe fn load_f16(p: *const f16) -> __m256 {
 
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    dot_f32_ahead::<PREFETCH_BYTES>(w, x)
+}
+
+/// [`dot_f32`] prefetching `AHEAD` bytes ahead (0: nothing past what it
+/// reads — for rows read alone, whose next row may not be read at all).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32_ahead<const AHEAD: usize>(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
         // 32 f32 are two cache lines.
-        prefetch(wp.add(i), PREFETCH_BYTES);
-        prefetch(wp.add(i + 16), PREFETCH_BYTES);
+        if AHEAD > 0 {
+            prefetch(wp.add(i), AHEAD);
+            prefetch(wp.add(i + 16), AHEAD);
+        }
         for (j, a) in acc.iter_mut().enumerate() {
             let o = i + 8 * j;
             *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
@@ -85,12 +106,20 @@ pub unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_f16(w: &[f16], x: &[f32]) -> f32 {
+    dot_f16_ahead::<PREFETCH_BYTES>(w, x)
+}
+
+/// [`dot_f16`] prefetching `AHEAD` bytes ahead (see [`dot_f32_ahead`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16_ahead<const AHEAD: usize>(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
-        prefetch(wp.add(i), PREFETCH_BYTES);
+        if AHEAD > 0 {
+            prefetch(wp.add(i), AHEAD);
+        }
         for (j, a) in acc.iter_mut().enumerate() {
             let o = i + 8 * j;
             *a = _mm256_fmadd_ps(load_f16(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
@@ -268,7 +297,7 @@ unsafe fn exp_ps(x: __m256) -> __m256 {
 /// streams within a few KiB; on our Zen 3 VMs that streamed 16–19 GB/s
 /// from memory with two threads instead of 25–27.)
 macro_rules! axpy_rows_body {
-    ($a:expr, $w:expr, $y:expr, $load:ident, $scalar:expr) => {{
+    ($a:expr, $w:expr, $y:expr, $load:ident, $scalar:expr, $ahead:expr) => {{
         let (a, w, y) = ($a, $w, $y);
         let k = y.len();
         let wp = w.as_ptr();
@@ -280,9 +309,11 @@ macro_rules! axpy_rows_body {
             let row = wp.add(r * k);
             let mut c = 0;
             while c + 32 <= k {
-                prefetch(row.add(c), PREFETCH_BYTES);
-                if two_lines {
-                    prefetch(row.add(c + 16), PREFETCH_BYTES);
+                if $ahead > 0 {
+                    prefetch(row.add(c), $ahead);
+                    if two_lines {
+                        prefetch(row.add(c + 16), $ahead);
+                    }
                 }
                 for j in 0..4 {
                     let o = c + 8 * j;
@@ -312,12 +343,24 @@ unsafe fn load_f32(p: *const f32) -> __m256 {
 
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn axpy_rows_f32(a: &[f32], w: &[f32], y: &mut [f32]) {
-    axpy_rows_body!(a, w, y, load_f32, |v: f32| v)
+    axpy_rows_body!(a, w, y, load_f32, |v: f32| v, PREFETCH_BYTES)
+}
+
+/// [`axpy_rows_f32`] prefetching nothing past what it reads.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy_rows_f32_alone(a: &[f32], w: &[f32], y: &mut [f32]) {
+    axpy_rows_body!(a, w, y, load_f32, |v: f32| v, 0)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn axpy_rows_f16(a: &[f32], w: &[f16], y: &mut [f32]) {
-    axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32())
+    axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32(), PREFETCH_BYTES)
+}
+
+/// [`axpy_rows_f16`] prefetching nothing past what it reads.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_rows_f16_alone(a: &[f32], w: &[f16], y: &mut [f32]) {
+    axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32(), 0)
 }
 
 #[cfg(test)]
