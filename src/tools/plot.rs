@@ -37,8 +37,10 @@ pub fn method_of(name: &str) -> String {
     let score = get("score").unwrap_or_else(|| "counts".into());
     let gated = get("keep").is_some_and(|k| k.parse::<f64>().is_ok_and(|k| k < 1.0));
     let gamma = get("gamma").map(|g| format!(" γ{g}")).unwrap_or_default();
+    let every = get("phi").is_some_and(|p| p.parse::<f64>().is_ok_and(|p| p >= 1.0));
     match (mode.as_str(), gated) {
         ("dense", _) => "dense".into(),
+        ("coreinfer", true) if every => "per-token gate alone (every neuron's gate)".into(),
         ("coreinfer", false) if score == "counts" => "coreinfer (paper's counts, full load)".into(),
         ("selectinfer", false) if score == "counts" => format!("selectinfer{gamma} (the paper's)"),
         (m, false) => format!("{m}{gamma} {score}"),
@@ -127,8 +129,9 @@ pub fn draw(points: &[Point], title: &str, font: &Path, out: &Path) -> Result<()
         .label_style(("sans-serif", 16))
         .draw()?;
     // The bars: agreement ≥ 0.90 at ≥ 1.4×.
-    chart.draw_series(LineSeries::new([(1.4, y_min), (1.4, 1.01)], BLACK.mix(0.3)))?;
-    chart.draw_series(LineSeries::new([(0.95, 0.9), (x_max, 0.9)], BLACK.mix(0.3)))?;
+    let bar = RED.mix(0.5).stroke_width(2);
+    chart.draw_series(LineSeries::new([(1.4, y_min), (1.4, 1.01)], bar))?;
+    chart.draw_series(LineSeries::new([(0.95, 0.9), (x_max, 0.9)], bar))?;
     for (i, (method, mut pts)) in series.into_iter().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let color = Palette99::pick(i).to_rgba();
