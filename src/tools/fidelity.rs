@@ -19,6 +19,7 @@
 use crate::engine::{Engine, EngineSpec, GenerateOptions};
 use crate::method::params::Score;
 use crate::method::SelectionParams;
+use crate::sys::device::WeightDtype;
 use crate::tools::eval::{self, EvalOptions};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -97,6 +98,81 @@ pub fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
         ..s.clone()
     };
     strip(a) == strip(b)
+}
+
+/// Our engines for a run: one per distinct load among the candidates
+/// (those differing only in φ, α, score and κ share one, and its prefill).
+pub struct Lineup {
+    /// Result column names, in the order [`Lineup::candidates`] reports them.
+    pub names: Vec<String>,
+    groups: Vec<(EngineSpec, Engine, Vec<SelectionParams>)>,
+}
+
+impl Lineup {
+    /// Loads the engines of `candidates` (descriptions for
+    /// [`candidate_spec`]), or when there are none, of `spec` at each of
+    /// `dtypes` (`spec`'s own dtype when that is empty too).
+    pub fn load(spec: &EngineSpec, candidates: &[String], dtypes: &[WeightDtype]) -> Result<Self> {
+        let specs: Vec<(String, EngineSpec)> = match (candidates, dtypes) {
+            ([], []) => vec![(format!("{} {}", spec.dtype, spec.mode), spec.clone())],
+            ([], _) => dtypes
+                .iter()
+                .map(|&dtype| {
+                    (
+                        format!("{dtype} {}", spec.mode),
+                        EngineSpec {
+                            dtype,
+                            ..spec.clone()
+                        },
+                    )
+                })
+                .collect(),
+            _ => candidates
+                .iter()
+                .map(|c| Ok((c.clone(), candidate_spec(spec, c)?)))
+                .collect::<Result<_>>()?,
+        };
+        let mut members: Vec<(EngineSpec, Vec<usize>)> = Vec::new();
+        for (i, (_, s)) in specs.iter().enumerate() {
+            match members.iter_mut().find(|(l, _)| same_load(l, s)) {
+                Some((_, m)) => m.push(i),
+                None => members.push((s.clone(), vec![i])),
+            }
+        }
+        let (mut names, mut groups) = (Vec::new(), Vec::new());
+        for (lead, m) in members {
+            // A mode that does not select is one column whatever φ says.
+            let selections = match lead.mode.selects() {
+                true => {
+                    names.extend(m.iter().map(|&i| specs[i].0.clone()));
+                    m.iter().map(|&i| specs[i].1.effective_params()).collect()
+                }
+                false => {
+                    let same: Vec<&str> = m.iter().map(|&i| specs[i].0.as_str()).collect();
+                    names.push(same.join(" = "));
+                    Vec::new()
+                }
+            };
+            let engine = lead
+                .load()
+                .with_context(|| format!("loading {}", names.last().map_or("", String::as_str)))?;
+            groups.push((lead, engine, selections));
+        }
+        Ok(Self { names, groups })
+    }
+
+    /// The candidates for [`run`].
+    pub fn candidates(&mut self) -> Vec<Candidate<'_>> {
+        self.groups
+            .iter_mut()
+            .map(|(lead, engine, selections)| Candidate::Ours {
+                engine,
+                selections: selections.clone(),
+                // Quantized decode uses 8-bit activations: step by step.
+                batched: lead.dtype.quant().is_none(),
+            })
+            .collect()
+    }
 }
 
 impl Candidate<'_> {

@@ -4,8 +4,7 @@
 use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
 use selectinfer::engine::EngineSpec;
-use selectinfer::method::params::Score;
-use selectinfer::method::{Mode, SelectionParams};
+use selectinfer::method::{params::Score, Mode, SelectionParams};
 use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::BenchEngine;
 use std::path::PathBuf;
@@ -33,8 +32,7 @@ pub struct ModelArgs {
     /// `cpu` or `cuda:N` (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = CLI.device)]
     pub device: String,
-    /// Prompt tokens per forward pass: longer prompts are prefilled in chunks
-    /// of this many (lower it to cap peak memory on long prompts).
+    /// Prompt tokens per forward pass (longer prompts: chunks; lower = less peak memory).
     #[arg(long, default_value_t = CLI.prefill_chunk)]
     pub prefill_chunk: usize,
     #[command(flatten)]
@@ -44,8 +42,7 @@ pub struct ModelArgs {
 /// SelectInfer mode and parameters (fractions of a layer's FFN width).
 #[derive(clap::Args)]
 pub struct MethodArgs {
-    /// dense, load-only (γ), selectinfer (γ, δ + ε), coreinfer (φ dynamic,
-    /// full load), random-load, disk-offload.
+    /// dense, load-only, selectinfer, coreinfer, random-load, disk-offload (README).
     #[arg(long, default_value_t = CLI.mode)]
     pub mode: Mode,
     /// Ranking file; default rankings/<model folder name>.ranking.safetensors.
@@ -66,13 +63,10 @@ pub struct MethodArgs {
     /// α: per prompt token, the fraction of loaded neurons counted as active.
     #[arg(long, default_value_t = CLI.token_ratio)]
     pub token_ratio: f64,
-    /// How prefill ranks the loaded neurons for the dynamic set: counts (the
-    /// paper's top-α counts), griffin (normalised activation energy), wina
-    /// (griffin over activation × ‖down column‖).
+    /// Dynamic-set ranking: counts (the paper's), griffin, wina (README).
     #[arg(long, default_value_t = CLI.score)]
     pub score: Score,
-    /// κ: per decode token, the share of computed neurons whose up and down
-    /// rows run (largest |silu(gate)| per group of 64); 1 = no gating.
+    /// κ: per decode token, share of computed neurons run (1 = no gating).
     #[arg(long, default_value_t = CLI.gate_keep)]
     pub gate_keep: f64,
     /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
@@ -163,27 +157,22 @@ pub enum Command {
         /// dense: our engine (any --mode); candle-gguf: candle's quantized model on model.gguf.
         #[arg(long, default_value_t = BenchEngine::Dense)]
         engine: BenchEngine,
-        /// Only write the chat-formatted prompts as token ids (JSONL) to --out
-        /// and stop: for running another engine on exactly these prompts.
+        /// Only write the chat-formatted prompts' token ids (JSONL) to --out.
         #[arg(long)]
         prompts_only: bool,
         #[arg(long)]
         json: bool,
     },
-    /// Teacher-forced fidelity of an engine (any dtype and mode, or
-    /// candle-gguf) against dense at --reference-dtype on dev prompts: mean
-    /// KL, top-1 agreement, first divergence, bytes per decode token.
+    /// Teacher-forced fidelity of engines against dense on dev prompts: KL,
+    /// top-1 agreement, first divergence, bytes per decode token.
     Fidelity {
         #[command(flatten)]
         model: ModelArgs,
         /// Candidates of our engine: these dtypes, each in --mode (default: --dtype).
         #[arg(long, value_delimiter = ',')]
         dtypes: Vec<WeightDtype>,
-        /// A candidate as the flags changed by comma-separated key=value
-        /// pairs (mode, dtype, gamma, delta, phi, alpha, score, keep), e.g.
-        /// `mode=selectinfer,phi=0.5,score=griffin`; repeatable, replaces
-        /// --dtypes. Candidates differing only in phi, alpha, score and keep
-        /// share one loaded engine.
+        /// The flags changed by key=value pairs (mode, dtype, gamma, delta,
+        /// phi, alpha, score, keep), e.g. `mode=coreinfer,phi=0.5`; repeatable.
         #[arg(long)]
         candidate: Vec<String>,
         /// Also candle's quantized model on model.gguf as a candidate.
@@ -192,10 +181,9 @@ pub enum Command {
         /// The dense reference's dtype.
         #[arg(long, default_value_t = WeightDtype::F32)]
         reference_dtype: WeightDtype,
-        /// Task files, comma-separated.
+        /// Task files, comma-separated (prompts per task: --limit).
         #[arg(long, value_delimiter = ',', default_values = defaults::DEV_SETS)]
         data: Vec<PathBuf>,
-        /// Prompts per task.
         #[arg(long, default_value_t = 50)]
         limit: usize,
         /// Positions compared per prompt (the reference's greedy continuation).
@@ -204,9 +192,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write a model folder's quantized checkpoint (model.q8.siq or
-    /// model.q4.siq) from its weights and kept GGUF; prepare-model does this
-    /// for the catalog's models.
+    /// Write model.q8.siq / model.q4.siq of a model folder (prepare-model does).
     Quantize {
         /// Model folder (config.json, model.safetensors[, model.gguf]).
         #[arg(long, default_value = CLI.model)]

@@ -110,76 +110,13 @@ fn run(cli: Cli) -> Result<()> {
                 ..spec.clone()
             }
             .load()?;
-            let (names, specs): (Vec<String>, Vec<EngineSpec>) = if !candidate.is_empty() {
-                candidate
-                    .iter()
-                    .map(|c| Ok((c.clone(), fidelity::candidate_spec(&spec, c)?)))
-                    .collect::<Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip()
-            } else {
-                let dtypes = if dtypes.is_empty() {
-                    vec![spec.dtype]
-                } else {
-                    dtypes
-                };
-                dtypes
-                    .iter()
-                    .map(|&dtype| {
-                        let s = EngineSpec {
-                            dtype,
-                            ..spec.clone()
-                        };
-                        (format!("{dtype} {}", spec.mode), s)
-                    })
-                    .unzip()
-            };
-            // Candidates that differ only in φ, α or score share an engine
-            // and its prefill; results come per engine, in order.
-            let mut groups: Vec<(EngineSpec, Vec<usize>)> = Vec::new();
-            for (i, s) in specs.iter().enumerate() {
-                match groups.iter_mut().find(|(l, _)| fidelity::same_load(l, s)) {
-                    Some((_, members)) => members.push(i),
-                    None => groups.push((s.clone(), vec![i])),
-                }
-            }
-            let mut engines = groups
-                .iter()
-                .map(|(s, _)| s.load())
-                .collect::<Result<Vec<_>>>()?;
+            let mut lineup = fidelity::Lineup::load(&spec, &candidate, &dtypes)?;
             let mut q = match with_gguf {
                 true => Some(gguf::GgufEngine::load(&model.model)?.into_parts()),
                 false => None,
             };
-            let mut candidates = Vec::new();
-            let mut grouped_names = Vec::new();
-            for ((lead, members), engine) in groups.iter().zip(engines.iter_mut()) {
-                let selections = match lead.mode.selects() {
-                    true => members
-                        .iter()
-                        .map(|&i| specs[i].effective_params())
-                        .collect(),
-                    false => Vec::new(),
-                };
-                match lead.mode.selects() {
-                    true => grouped_names.extend(members.iter().map(|&i| names[i].clone())),
-                    // Candidates of a mode that does not select are one engine.
-                    false => grouped_names.push(
-                        members
-                            .iter()
-                            .map(|&i| names[i].as_str())
-                            .collect::<Vec<_>>()
-                            .join(" = "),
-                    ),
-                }
-                candidates.push(fidelity::Candidate::Ours {
-                    engine,
-                    selections,
-                    // Quantized decode uses 8-bit activations: force step by step.
-                    batched: lead.dtype.quant().is_none(),
-                });
-            }
-            let mut names = grouped_names;
+            let mut names = lineup.names.clone();
+            let mut candidates = lineup.candidates();
             if let Some((q, _, bytes)) = q.as_mut() {
                 candidates.push(fidelity::Candidate::Gguf(q, *bytes));
                 names.push("candle-gguf".into());
