@@ -72,19 +72,9 @@ pub fn gate_keep_mask(gates: &[f32], keep: usize, mask: &mut Vec<bool>) {
         return;
     }
     // (|silu|, index) once per neuron; the comparisons then cost nothing.
+    assert!(gates.len() <= GATE_GROUP, "one gating group at a time");
     let mut scored = [(0f32, 0u32); GATE_GROUP];
-    let scored = &mut scored[..gates.len().min(GATE_GROUP)];
-    if scored.len() < gates.len() {
-        // Wider than a group (callers pass one group): rank in a Vec.
-        let mut all: Vec<(f32, u32)> = gates
-            .iter()
-            .enumerate()
-            .map(|(i, &g)| (silu(g).abs(), i as u32))
-            .collect();
-        all.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        all[..k].iter().for_each(|&(_, i)| mask[i as usize] = true);
-        return;
-    }
+    let scored = &mut scored[..gates.len()];
     for (s, (i, &g)) in scored.iter_mut().zip(gates.iter().enumerate()) {
         *s = (silu(g).abs(), i as u32);
     }
