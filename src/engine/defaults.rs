@@ -46,6 +46,10 @@ pub struct Defaults {
     /// that a 4096-token prompt's temporaries stay far below the weights of
     /// the models we serve.
     pub prefill_chunk: usize,
+    /// Longest sequence served; `None`: the model's, at most 4096.
+    pub max_context: Option<usize>,
+    /// Resident memory (MiB) to fit in, choosing γ; `None`: γ as given.
+    pub memory_budget_mb: Option<u64>,
     /// New tokens of a request that names no limit.
     pub max_new_tokens: usize,
     /// 0 = greedy.
@@ -71,6 +75,8 @@ pub const CLI: Defaults = Defaults {
     dense_layers: &[],
     plan_seed: 0,
     prefill_chunk: 512,
+    max_context: None,
+    memory_budget_mb: None,
     max_new_tokens: 128,
     temperature: 0.0,
     top_p: 1.0,
@@ -147,6 +153,8 @@ impl Defaults {
             params: self.selection_params(),
             plan_seed: self.plan_seed,
             prefill_chunk: self.prefill_chunk,
+            max_context: self.max_context,
+            memory_budget_mb: self.memory_budget_mb,
         }
     }
 

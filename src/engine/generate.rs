@@ -4,6 +4,7 @@
 
 use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
 use super::text::TextCodec;
+use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
@@ -19,6 +20,8 @@ pub struct Engine {
     pub codec: TextCodec,
     pub method: Option<Method>,
     selectors: Option<Vec<Option<LayerSelector>>>,
+    /// The plan a memory budget gave the load, if one was set.
+    pub memory_plan: Option<MemoryPlan>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -40,12 +43,23 @@ impl Engine {
         opts: &LoadOptions,
         method: Option<Method>,
     ) -> Result<Self> {
+        let codec = TextCodec::from_model_dir(dir)?;
+        Self::load_with_codec(dir, opts, method, codec)
+    }
+
+    /// [`Engine::load_with_method`] with the tokenizer already loaded (a
+    /// memory plan measures the process with it).
+    pub fn load_with_codec(
+        dir: &Path,
+        opts: &LoadOptions,
+        method: Option<Method>,
+        codec: TextCodec,
+    ) -> Result<Self> {
         let mut opts = opts.clone();
         if let Some(m) = &method {
             opts.ffn = m.ffn_rows();
         }
         let model = Model::from_dir(dir, &opts)?;
-        let codec = TextCodec::from_dir(dir, &model.config().eos_token_ids())?;
         let mlps: Vec<&Mlp> = model.blocks.iter().map(|b| &b.mlp).collect();
         let selectors = match &method {
             Some(m) => m.selector(&mlps, model.config().intermediate_size)?,
@@ -56,6 +70,7 @@ impl Engine {
             codec,
             method,
             selectors,
+            memory_plan: None,
         })
     }
 

@@ -4,10 +4,13 @@
 //! (its defaults: [`super::defaults`]).
 
 use super::generate::Engine;
+use super::text::TextCodec;
+use crate::method::budget::MemoryPlan;
 use crate::method::{Method, Mode, SelectionParams};
+use crate::model::footprint::Footprint;
 use crate::model::LoadOptions;
 use crate::sys::device::{parse_device, WeightDtype};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -31,6 +34,15 @@ pub struct EngineSpec {
     /// chunks (lower peak memory, a little more time per chunk).
     #[serde(default = "super::defaults::prefill_chunk")]
     pub prefill_chunk: usize,
+    /// Longest sequence (prompt + generated) served; `None`: the model's,
+    /// at most 4096 (the KV cache a memory plan counts grows to it).
+    #[serde(default)]
+    pub max_context: Option<usize>,
+    /// Resident memory (MiB) the process may use: the weights outside the
+    /// FFN, the KV cache, prefill temporaries and the runtime are taken off
+    /// it and γ is chosen to fit the rest ([`MemoryPlan`]); `None`: γ as given.
+    #[serde(default)]
+    pub memory_budget_mb: Option<u64>,
 }
 
 impl EngineSpec {
@@ -93,10 +105,54 @@ impl EngineSpec {
         Ok(())
     }
 
-    /// Checks the model folder, device and parameters, then loads.
+    /// Checks the model folder, device and parameters, then loads (the
+    /// tokenizer first: a memory plan measures the process with it).
     pub fn load(&self) -> Result<Engine> {
         self.check_model_folder()?;
-        Engine::load_with_method(&self.model, &self.load_options()?, self.method()?)
+        let codec = TextCodec::from_model_dir(&self.model)?;
+        let (spec, plan) = self.planned()?;
+        let mut engine =
+            Engine::load_with_codec(&spec.model, &spec.load_options()?, spec.method()?, codec)?;
+        engine.memory_plan = plan;
+        Ok(engine)
+    }
+
+    /// Under a memory budget: these settings with the γ the budget gives,
+    /// and the plan (logged); without one, the settings as they are. The
+    /// process's resident memory now is the plan's runtime.
+    pub fn planned(&self) -> Result<(EngineSpec, Option<MemoryPlan>)> {
+        let Some(mb) = self.memory_budget_mb else {
+            return Ok((self.clone(), None));
+        };
+        if mb == 0 {
+            bail!("memory_budget_mb must be a positive number of MiB");
+        }
+        let opts = self.load_options()?;
+        if !opts.device.is_cpu() {
+            bail!(
+                "memory_budget_mb plans the CPU's memory; device {} holds the weights elsewhere",
+                self.device
+            );
+        }
+        let fp = Footprint::of(&self.model, &opts)?;
+        let plan = MemoryPlan::new(
+            mb << 20,
+            &fp,
+            crate::sys::memory::rss_bytes(),
+            self.mode,
+            &self.effective_params(),
+        )
+        .with_context(|| {
+            format!(
+                "planning {} in mode {}",
+                self.model.display(),
+                self.mode.name()
+            )
+        })?;
+        log::info!("{plan}");
+        let mut spec = self.clone();
+        spec.params = plan.apply(self.mode, &self.params);
+        Ok((spec, Some(plan)))
     }
 
     /// The load options these settings give (dtype, device, prefill chunk).
@@ -106,6 +162,7 @@ impl EngineSpec {
             quant: self.dtype.quant(),
             device: parse_device(&self.device)?,
             prefill_chunk: self.prefill_chunk,
+            max_context: self.max_context,
             ..Default::default()
         })
     }

@@ -34,6 +34,13 @@ pub struct TextCodec {
 const TURN_END_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>"];
 
 impl TextCodec {
+    /// The tokenizer of the model folder `dir`, with the end-of-sequence
+    /// ids of its `config.json`.
+    pub fn from_model_dir(dir: &Path) -> Result<Self> {
+        let cfg = crate::model::Config::from_file(&dir.join("config.json"))?;
+        Self::from_dir(dir, &cfg.eos_token_ids())
+    }
+
     /// Loads `tokenizer.json` and (optionally) `tokenizer_config.json` from `dir`.
     /// `eos_ids` are the model config's end-of-sequence ids.
     pub fn from_dir(dir: &Path, eos_ids: &[u32]) -> Result<Self> {

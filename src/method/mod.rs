@@ -2,7 +2,8 @@
 //! validation), its modes ([`mode`]), the profiler's neuron rankings
 //! ([`ranking`]), the per-layer load plans built from them ([`plan`], phase
 //! 1: which neurons to load) and the per-prompt selection ([`selection`],
-//! phase 2: which loaded neurons to compute).
+//! phase 2: which loaded neurons to compute); a memory budget turned into γ
+//! ([`budget`]).
 //!
 //! At prefill every loaded neuron runs and the prompt's activations choose
 //! each sparse layer's rows; the engine then rearranges each layer's loaded
@@ -11,6 +12,7 @@
 //! front: no per-token gathers on the decode path. The model sees only a
 //! neutral description of the rows to hold ([`crate::model::FfnRows`]).
 
+pub mod budget;
 pub mod mode;
 pub mod params;
 pub mod plan;

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
 
 /// Positions a layer's buffers grow by.
-const GROW_BY: usize = 256;
+pub(super) const GROW_BY: usize = 256;
 
 /// Per-layer key/value cache of one sequence.
 #[derive(Debug, Clone)]

@@ -13,6 +13,7 @@ mod block;
 pub mod bundles;
 pub mod checkpoint;
 pub mod config;
+pub mod footprint;
 pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
@@ -317,7 +318,7 @@ impl Model {
     }
 
     /// The longest sequence served (see [`LoadOptions::max_context`]).
-    fn context(cfg: &Config, opts: &LoadOptions) -> usize {
+    pub(crate) fn context(cfg: &Config, opts: &LoadOptions) -> usize {
         opts.max_context
             .unwrap_or(cfg.max_position_embeddings.min(4096))
     }

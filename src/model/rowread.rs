@@ -310,6 +310,13 @@ impl RowSource {
         }
     }
 
+    /// Every tensor of the checkpoint, with where it lives.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorEntry)> {
+        self.readers
+            .iter()
+            .flat_map(|r| r.entries.iter().map(|(n, e)| (n.as_str(), e)))
+    }
+
     /// The reader of the file holding `name`.
     pub fn find(&self, name: &str) -> Result<&RowReader> {
         self.readers

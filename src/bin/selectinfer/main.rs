@@ -2,6 +2,7 @@
 //! benchmark, write synthetic models, check a device against the CPU. Each
 //! command parses its flags ([`cli`]), calls the library and prints.
 
+mod args;
 mod cli;
 
 use anyhow::{bail, Result};

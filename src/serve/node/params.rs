@@ -66,6 +66,14 @@ pub const PARAMETERS: &[(&str, &str)] = &[
         "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
     ),
     (
+        "max_context",
+        "longest sequence served (prompt + generated); 0 = the model's, at most 4096 (load-time)",
+    ),
+    (
+        "memory_budget_mb",
+        "resident memory (MiB) to fit in: gamma is chosen so that weights, KV cache, temporaries and runtime stay within it, and a budget below the floor is refused naming it; 0 = load_ratio as given (load-time)",
+    ),
+    (
         "max_new_tokens",
         "default new-token limit of a request (runtime)",
     ),
@@ -161,6 +169,15 @@ fn positive_usize(name: &str, v: &ParameterValue) -> Result<usize> {
     Ok(n as usize)
 }
 
+/// An integer parameter where 0 means "not set"; negative ones are refused.
+fn non_negative(name: &str, v: &ParameterValue) -> Result<Option<u64>> {
+    let n = int(name, v)?;
+    if n < 0 {
+        bail!("parameter {name} must be >= 0 (0 = not set), got {n}");
+    }
+    Ok((n > 0).then_some(n as u64))
+}
+
 impl NodeParams {
     /// Reads the parameters the node was started with (`--params-file`,
     /// `-p name:=value`), defaults for the rest. Unknown names are errors.
@@ -250,6 +267,8 @@ impl NodeParams {
             }
             "device" => e.device = string(name, v)?,
             "prefill_chunk" => e.prefill_chunk = positive_usize(name, v)?,
+            "max_context" => e.max_context = non_negative(name, v)?.map(|n| n as usize),
+            "memory_budget_mb" => e.memory_budget_mb = non_negative(name, v)?,
             "max_new_tokens" => self.runtime.max_new_tokens = positive_usize(name, v)?,
             "temperature" => self.runtime.sampling.temperature = float(name, v)?,
             "top_p" => self.runtime.sampling.top_p = float(name, v)?,
@@ -307,6 +326,8 @@ impl NodeParams {
             "dtype" => ParameterValue::String(e.dtype.name().into()),
             "device" => ParameterValue::String(e.device.clone()),
             "prefill_chunk" => ParameterValue::Integer(e.prefill_chunk as i64),
+            "max_context" => ParameterValue::Integer(e.max_context.unwrap_or(0) as i64),
+            "memory_budget_mb" => ParameterValue::Integer(e.memory_budget_mb.unwrap_or(0) as i64),
             "max_new_tokens" => ParameterValue::Integer(r.max_new_tokens as i64),
             "temperature" => ParameterValue::Double(r.sampling.temperature),
             "top_p" => ParameterValue::Double(r.sampling.top_p),

@@ -1,0 +1,235 @@
+//! A memory budget turned into γ: what the weights outside the FFN, the KV
+//! cache at the longest context served, the prefill temporaries and the
+//! runtime (the process's own resident memory before any weight, plus a
+//! margin) cost is taken off the budget; the rest goes to the FFN, the same
+//! number of neurons in every sparse layer (dense layers whole). A budget
+//! the mode cannot meet is refused with its floor in MiB.
+
+use super::params::SelectionParams;
+use super::Mode;
+use crate::model::footprint::Footprint;
+use anyhow::{bail, Result};
+
+/// The least γ a budget may choose for a mode that computes every loaded
+/// neuron (below it answers are not worth having); a selecting mode's floor
+/// is its φ.
+pub const MIN_LOAD_RATIO: f64 = 0.1;
+/// Added to the measured runtime: allocator slack, thread stacks, the
+/// tokenizer's per-request buffers.
+pub const RUNTIME_MARGIN: u64 = 16 << 20;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The plan a budget gives: neurons held per layer and the peak it expects.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MemoryPlan {
+    pub budget: u64,
+    /// Resident before the weights (binary, libraries, tokenizer) + margin.
+    pub runtime: u64,
+    pub other_weights: u64,
+    pub ffn_weights: u64,
+    pub kv_cache: u64,
+    pub activations: u64,
+    /// Neurons held per layer.
+    pub held: Vec<usize>,
+    /// γ of the sparse layers (1 when every layer is whole).
+    pub load_ratio: f64,
+    /// The least budget this mode and these parameters accept.
+    pub floor: u64,
+}
+
+impl MemoryPlan {
+    /// Plans `budget` bytes for `mode` with `params` (γ is what is chosen;
+    /// φ and δ are the caller's) on a model of footprint `fp`, the process
+    /// holding `resident` bytes before any weight is loaded.
+    pub fn new(
+        budget: u64,
+        fp: &Footprint,
+        resident: u64,
+        mode: Mode,
+        params: &SelectionParams,
+    ) -> Result<Self> {
+        let layers = fp.neuron_bytes.len();
+        let runtime = resident + RUNTIME_MARGIN;
+        let sparse = |l: usize| mode.loads_subset() && !params.dense_layers.contains(&l);
+        // A streamed FFN holds one layer's neurons at a time, as a temporary.
+        let streamed = match mode.streams_ffn() {
+            true => fp.neuron_bytes.iter().max().copied().unwrap_or(0) * fp.width as u64,
+            false => 0,
+        };
+        let fixed_ffn: u64 = (0..layers)
+            .filter(|&l| !sparse(l) && !mode.streams_ffn())
+            .map(|l| fp.neuron_bytes[l] * fp.width as u64)
+            .sum();
+        let fixed =
+            runtime + fp.other_weights + fp.kv_cache + fp.activations + streamed + fixed_ffn;
+        let per_neuron: u64 = (0..layers)
+            .filter(|&l| sparse(l))
+            .map(|l| fp.neuron_bytes[l])
+            .sum();
+        let min_ratio = match mode.selects() {
+            true => params.compute_ratio.max(MIN_LOAD_RATIO),
+            false => MIN_LOAD_RATIO,
+        };
+        let min_neurons = super::params::count(min_ratio, fp.width);
+        let floor = match per_neuron {
+            0 => fixed,
+            _ => fixed + per_neuron * min_neurons as u64,
+        };
+        if budget < floor {
+            let what = match per_neuron {
+                0 => format!("mode {} holds every FFN neuron", mode.name()),
+                _ => format!("mode {} at its least load_ratio {min_ratio}", mode.name()),
+            };
+            bail!(
+                "memory budget {:.0} MiB is below the floor of {:.0} MiB ({what}: weights outside the FFN {:.0} MiB, FFN {:.0} MiB, KV cache for {} positions {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB){}",
+                budget as f64 / MIB,
+                floor as f64 / MIB,
+                fp.other_weights as f64 / MIB,
+                (floor - fixed + fixed_ffn + streamed) as f64 / MIB,
+                fp.context,
+                fp.kv_cache as f64 / MIB,
+                fp.activations as f64 / MIB,
+                runtime as f64 / MIB,
+                match per_neuron {
+                    0 => ": a selective mode (load-only, selectinfer) holds fewer",
+                    _ => "; a shorter max_context or prefill_chunk lowers the floor",
+                }
+            );
+        }
+        let n = match per_neuron {
+            0 => 0,
+            p => (((budget - fixed) / p) as usize).min(fp.width),
+        };
+        let held: Vec<usize> = (0..layers)
+            .map(|l| match (sparse(l), mode.streams_ffn()) {
+                (_, true) => 0,
+                (true, false) => n,
+                (false, false) => fp.width,
+            })
+            .collect();
+        Ok(Self {
+            budget,
+            runtime,
+            other_weights: fp.other_weights,
+            ffn_weights: fp.weights(&held) - fp.other_weights,
+            kv_cache: fp.kv_cache,
+            activations: fp.activations + streamed,
+            load_ratio: match per_neuron {
+                0 => 1.0,
+                _ => n as f64 / fp.width as f64,
+            },
+            held,
+            floor,
+        })
+    }
+
+    /// The peak resident memory the plan expects.
+    pub fn expected_peak(&self) -> u64 {
+        self.runtime + self.other_weights + self.ffn_weights + self.kv_cache + self.activations
+    }
+
+    /// `params` with the planned γ; for a mode that computes every loaded
+    /// neuron (load-only) φ and δ follow γ down where they exceed it.
+    pub fn apply(&self, mode: Mode, params: &SelectionParams) -> SelectionParams {
+        let mut p = params.clone();
+        if !mode.loads_subset() {
+            return p;
+        }
+        p.load_ratio = self.load_ratio;
+        if !mode.selects() {
+            p.compute_ratio = p.compute_ratio.min(p.load_ratio);
+            p.static_ratio = p.static_ratio.min(p.compute_ratio);
+        }
+        p
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = |b: u64| b as f64 / MIB;
+        write!(
+            f,
+            "memory plan: budget {:.0} MiB, expected peak {:.0} MiB (floor {:.0}); load_ratio {:.3} ({} of {} neurons per sparse layer); weights {:.0} MiB outside the FFN + {:.0} MiB FFN, KV cache {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB",
+            m(self.budget),
+            m(self.expected_peak()),
+            m(self.floor),
+            self.load_ratio,
+            self.held.iter().min().copied().unwrap_or(0),
+            self.held.iter().max().copied().unwrap_or(0),
+            m(self.other_weights),
+            m(self.ffn_weights),
+            m(self.kv_cache),
+            m(self.activations),
+            m(self.runtime),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn footprint() -> Footprint {
+        Footprint {
+            other_weights: 100 << 20,
+            neuron_bytes: vec![1000; 4],
+            width: 1000,
+            kv_cache: 10 << 20,
+            activations: 5 << 20,
+            context: 512,
+        }
+    }
+
+    fn params() -> SelectionParams {
+        SelectionParams {
+            load_ratio: 0.7,
+            static_ratio: 0.2,
+            compute_ratio: 0.4,
+            token_ratio: 0.2,
+            dense_layers: vec![0],
+            task: "qa".into(),
+            score: crate::method::params::Score::Counts,
+            gate_keep: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_rest_of_the_budget_goes_to_the_sparse_layers() {
+        let fp = footprint();
+        let resident = 20 << 20;
+        let fixed = resident + RUNTIME_MARGIN + (115 << 20) + 1000 * 1000;
+        let budget = fixed + 3 * 1000 * 600 + 999;
+        let plan = MemoryPlan::new(budget, &fp, resident, Mode::Selectinfer, &params()).unwrap();
+        assert_eq!(plan.held, vec![1000, 600, 600, 600]);
+        assert_eq!(plan.load_ratio, 0.6);
+        assert!(plan.expected_peak() <= budget);
+        assert_eq!(plan.apply(Mode::Selectinfer, &params()).load_ratio, 0.6);
+    }
+
+    #[test]
+    fn a_budget_below_the_floor_names_it() {
+        let fp = footprint();
+        let p = params(); // φ 0.4
+        let err = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Selectinfer, &p).unwrap_err();
+        let floor = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 3 * 1000 * 400;
+        let want = format!("floor of {:.0} MiB", floor as f64 / MIB);
+        assert!(err.to_string().contains(&want), "{err}");
+        let dense = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Dense, &p).unwrap_err();
+        assert!(
+            dense.to_string().contains("holds every FFN neuron"),
+            "{dense}"
+        );
+    }
+
+    #[test]
+    fn load_only_lowers_phi_and_delta_with_gamma() {
+        let fp = footprint();
+        let budget = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 3 * 1000 * 200;
+        let plan = MemoryPlan::new(budget, &fp, 20 << 20, Mode::LoadOnly, &params()).unwrap();
+        let p = plan.apply(Mode::LoadOnly, &params());
+        assert_eq!(p.load_ratio, 0.2);
+        assert!(p.compute_ratio <= 0.2 && p.static_ratio <= p.compute_ratio);
+        p.validate(4).unwrap();
+    }
+}

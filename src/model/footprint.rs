@@ -1,0 +1,125 @@
+//! What a model will cost in memory before it is loaded, read from the
+//! checkpoint's headers (nothing else is read): the weights outside the FFN,
+//! one FFN neuron's bytes per layer, the KV cache at the longest context
+//! served and the largest prefill temporaries. A memory budget
+//! ([`crate::method::budget`]) plans how many neurons fit from these.
+
+use super::{qfile, safetensors_files, Config, LoadOptions, Model};
+use anyhow::{Context, Result};
+use std::path::Path;
+
+/// Bytes a model needs in memory, by part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Footprint {
+    /// Embeddings, attention, norms, biases, lm_head: held whole in every mode.
+    pub other_weights: u64,
+    /// Per layer: one FFN neuron's gate row, up row and down column.
+    pub neuron_bytes: Vec<u64>,
+    /// FFN neurons per layer.
+    pub width: usize,
+    /// The KV cache when it holds [`Footprint::context`] positions.
+    pub kv_cache: u64,
+    /// The largest temporaries of one prefill chunk at the longest context:
+    /// activations, attention scores, the f32 copy a quantized prefill
+    /// dequantizes a weight chunk into.
+    pub activations: u64,
+    /// The longest sequence served.
+    pub context: usize,
+}
+
+impl Footprint {
+    /// The footprint of the model in `dir` loaded with `opts` (dtype, max
+    /// context and prefill chunk; the FFN selection is what a plan decides).
+    pub fn of(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let cfg = Config::from_file(&dir.join("config.json"))?;
+        let width = cfg.intermediate_size;
+        let (other_weights, neuron_bytes) = match opts.quant {
+            Some(q) => {
+                let path = dir.join(qfile::file_name(q.name()));
+                let file = qfile::QFile::open(&path)?;
+                let other = file.header.tensors.values().map(|e| e.bytes).sum();
+                let neurons = file
+                    .header
+                    .ffn
+                    .iter()
+                    .map(|l| l.bytes / l.neurons.max(1) as u64)
+                    .collect();
+                (other, neurons)
+            }
+            None => {
+                let files = safetensors_files(dir)?;
+                let source = super::rowread::RowSource::open(&files)
+                    .with_context(|| format!("reading the tensor index in {}", dir.display()))?;
+                let size = opts.dtype.size_in_bytes() as u64;
+                let other = source
+                    .tensors()
+                    .filter(|(name, _)| !name.contains(".mlp."))
+                    .map(|(_, e)| e.shape.iter().product::<usize>() as u64 * size)
+                    .sum();
+                let neuron = 3 * cfg.hidden_size as u64 * size;
+                (other, vec![neuron; cfg.num_hidden_layers])
+            }
+        };
+        let context = Model::context(&cfg, opts);
+        Ok(Self {
+            other_weights,
+            neuron_bytes,
+            width,
+            kv_cache: kv_cache_bytes(&cfg, context),
+            activations: activation_bytes(&cfg, opts, context),
+            context,
+        })
+    }
+
+    /// Weight bytes when layer `l` holds `held[l]` neurons.
+    pub fn weights(&self, held: &[usize]) -> u64 {
+        self.other_weights
+            + self
+                .neuron_bytes
+                .iter()
+                .zip(held)
+                .map(|(b, &n)| b * n as u64)
+                .sum::<u64>()
+    }
+
+    /// Weight bytes of every neuron of every layer.
+    pub fn dense_weights(&self) -> u64 {
+        self.weights(&vec![self.width; self.neuron_bytes.len()])
+    }
+}
+
+/// Keys and values (f32) of every layer at `context` positions, in the
+/// steps the cache grows by.
+fn kv_cache_bytes(cfg: &Config, context: usize) -> u64 {
+    let capacity = context.div_ceil(super::kv_cache::GROW_BY) * super::kv_cache::GROW_BY;
+    (2 * cfg.num_hidden_layers * cfg.num_kv_heads() * cfg.head_dim() * capacity * 4) as u64
+}
+
+/// The peak temporaries of one prefill chunk of `prefill_chunk` tokens
+/// against a full context, all f32: the residual stream and its normed
+/// copies, q/k/v, the attention scores (their softmax and mask alive
+/// beside them), the MLP's gate, up and product, the last position's
+/// logits, and a quantized layer's dequantized chunk. An upper bound: the
+/// parts do not all live at once.
+fn activation_bytes(cfg: &Config, opts: &LoadOptions, context: usize) -> u64 {
+    let c = opts.prefill_chunk.min(context);
+    let (h, heads, kv, hd) = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_kv_heads(),
+        cfg.head_dim(),
+    );
+    let stream = 6 * c * h;
+    let qkv = 2 * c * (heads + 2 * kv) * hd;
+    let scores = 3 * heads * c * context + c * context;
+    // gate, up, product; a quantized matmul also holds its per-chunk
+    // outputs beside their concatenation.
+    let mlp = 6 * c * cfg.intermediate_size;
+    let logits = 2 * cfg.vocab_size;
+    // One reused f32 buffer of about 1 MiB (`linear::chunk_rows`).
+    let dequantized = match opts.quant {
+        Some(_) => 1 << 18,
+        None => 0,
+    };
+    4 * (stream + qkv + scores + mlp + logits + dequantized) as u64
+}
