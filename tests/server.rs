@@ -30,6 +30,7 @@ fn config(mode: Mode, queue_depth: usize) -> ServerConfig {
             sampling: Sampling::default(),
             compute_ratio: engine.params.compute_ratio,
             token_ratio: engine.params.token_ratio,
+            task: engine.params.task.clone(),
         },
         engine,
         queue_depth,
@@ -198,4 +199,57 @@ fn shutdown_answers_queued_requests() {
     }
     let (rx, _, _) = submit(&server, "late", "Hello", None);
     assert!(wait(&rx).error.contains("shutting down"));
+}
+
+/// Requests are answered under the task they were accepted with: the
+/// node's task changed at runtime applies to requests accepted after it,
+/// a request naming another task swaps that task's base set in first.
+#[test]
+fn each_request_is_answered_under_the_task_it_was_accepted_with() {
+    let mut cfg = config(Mode::LoadOnly, 8);
+    cfg.engine.dtype = selectinfer::sys::device::WeightDtype::Q8;
+    let server = Server::start(cfg).unwrap();
+    let ask = |id: &str, task: &str| {
+        let (tx, rx) = channel();
+        server.submit(Job {
+            request: Request {
+                id: id.into(),
+                prompt: "Name a colour.".into(),
+                task: task.into(),
+                max_new_tokens: Some(8),
+                ..Default::default()
+            },
+            cancel: CancelToken::default(),
+            on_token: Box::new(|_, _| {}),
+            on_done: Box::new(move |r| tx.send(r).unwrap()),
+        });
+        rx
+    };
+    let first = ask("a", "");
+    let mut s = server.settings();
+    s.task = "translation".into();
+    server.update_settings(s.clone()).unwrap();
+    let (second, third, fourth) = (ask("b", ""), ask("c", "qa"), ask("d", "summarization"));
+    let replies: Vec<Reply> = [first, second, third, fourth].iter().map(wait).collect();
+    for r in &replies {
+        assert!(r.success, "{}: {}", r.request_id, r.error);
+    }
+    let tasks: Vec<&str> = replies.iter().map(|r| r.task.as_str()).collect();
+    assert_eq!(tasks, ["qa", "translation", "qa", "summarization"]);
+    assert_eq!(
+        replies[0].text, replies[2].text,
+        "qa's plan again, qa's answer again"
+    );
+    s.task = "navigation".into();
+    let e = server.update_settings(s).unwrap_err().to_string();
+    assert!(
+        e.contains("unknown task `navigation`") && e.contains("qa"),
+        "{e}"
+    );
+    let r = wait(&ask("e", "navigation"));
+    assert!(
+        !r.success && r.error.contains("unknown task"),
+        "{}",
+        r.error
+    );
 }

@@ -120,6 +120,29 @@ impl Engine {
         Ok(())
     }
 
+    /// Runs on `method` from now on, a plan of the same mode and size
+    /// (another task's base set): the model reads only the neurons the new
+    /// plan adds and frees those it drops ([`Model::swap_ffn`]), and the
+    /// selection rules are rebuilt. Returns the neurons read.
+    pub fn swap_method(&mut self, method: Method) -> Result<usize> {
+        let mode = self.method.as_ref().map(|m| m.mode);
+        if mode != Some(method.mode) {
+            bail!(
+                "a swap keeps the mode ({} loaded, {} given)",
+                mode.map_or("dense", |m| m.name()),
+                method.mode.name()
+            );
+        }
+        let read = match &method.plan {
+            Some(_) => self.model.swap_ffn(&method.ffn_rows())?,
+            None => 0,
+        };
+        let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
+        self.selectors = method.selector(&mlps, self.model.config().intermediate_size)?;
+        self.method = Some(method);
+        Ok(read)
+    }
+
     /// Runs the prompt; for selective modes also picks each layer's neurons
     /// (rows of the loaded MLP) from the prompt's activations.
     fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<(Tensor, Option<Chosen>)> {

@@ -14,6 +14,18 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// What a task swap ([`EngineSpec::swap_task`]) did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SwapReport {
+    pub task: String,
+    /// FFN neurons read in (over all layers).
+    pub neurons_read: usize,
+    /// Bytes read from the checkpoint while swapping.
+    pub bytes_read: u64,
+    /// Seconds, ranking read and plan included.
+    pub seconds: f64,
+}
+
 /// Everything needed to load an [`Engine`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineSpec {
@@ -85,6 +97,38 @@ impl EngineSpec {
             self.ranking_path().as_deref(),
             self.plan_seed,
         )?))
+    }
+
+    /// Switches `engine` (loaded from these settings) to `task`'s base set
+    /// while it stays loaded: the plan is rebuilt from the ranking with the
+    /// engine's own parameters (γ as loaded, a memory plan's included) and
+    /// only the neurons it adds are read ([`Engine::swap_method`]). Modes
+    /// whose plan does not depend on the task only change their task.
+    pub fn swap_task(&self, engine: &mut Engine, task: &str) -> Result<SwapReport> {
+        let started = std::time::Instant::now();
+        let params = SelectionParams {
+            task: task.to_string(),
+            ..engine
+                .params()
+                .context("dense loads no plan: there is no task to switch")?
+                .clone()
+        };
+        let method = Method::new(
+            self.mode,
+            params,
+            &self.model,
+            self.ranking_path().as_deref(),
+            self.plan_seed,
+        )
+        .with_context(|| format!("the plan of task `{task}`"))?;
+        let before = engine.model.weight_bytes_read();
+        let neurons_read = engine.swap_method(method)?;
+        Ok(SwapReport {
+            task: task.to_string(),
+            neurons_read,
+            bytes_read: engine.model.weight_bytes_read() - before,
+            seconds: started.elapsed().as_secs_f64(),
+        })
     }
 
     /// Checks that the model folder exists and has a config.

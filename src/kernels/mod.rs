@@ -34,7 +34,7 @@ mod x86;
 mod x86_quant;
 
 pub use attention::decode_attention;
-pub use gather::gather_rows;
+pub use gather::{gather_rows, merge_rows};
 pub use matvec::{matvec, WeightElem};
 pub use mlp::{
     gate_keep_mask, gated_neurons, group_keep, swiglu_mlp, swiglu_mlp_gated, swiglu_mlp_weights,

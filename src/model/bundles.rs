@@ -99,6 +99,26 @@ impl Bundles {
         Ok(())
     }
 
+    /// New bundles whose bundle `i` is bundle `r` of `a` when `picks[i] =
+    /// (false, r)`, of `b` when `(true, r)` (a layer's kept neurons and the
+    /// ones read in for a new plan; blocks moved, never requantized).
+    pub fn merge(a: &Self, b: &Self, picks: &[(bool, u32)]) -> Result<Self> {
+        if a.layout != b.layout {
+            bail!("bundles of different layouts cannot be merged");
+        }
+        let bb = a.layout.bundle_bytes();
+        let mut data = Vec::with_capacity(picks.len() * bb);
+        for &(from_b, r) in picks {
+            let src = if from_b { b } else { a };
+            let r = r as usize;
+            if r >= src.count {
+                bail!("bundle {r} of {} is out of range", src.count);
+            }
+            data.extend_from_slice(&src.data()[r * bb..(r + 1) * bb]);
+        }
+        Self::new(a.layout, data)
+    }
+
     /// One row `x [H]` → `[H]` over every bundle held.
     pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
         if x.len() != self.layout.hidden {

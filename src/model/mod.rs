@@ -59,6 +59,15 @@ pub enum FfnRows {
     Streamed,
 }
 
+/// Where a model's FFN neurons are read from.
+#[derive(Debug, Clone)]
+enum FfnSource {
+    /// The safetensors checkpoint (f32/f16/bf16 rows).
+    Rows(std::sync::Arc<rowread::RowSource>),
+    /// The quantized checkpoint's neuron bundles.
+    Bundles(std::sync::Arc<qfile::QFile>),
+}
+
 /// Options fixed at load time.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -95,6 +104,9 @@ pub struct Model {
     device: Device,
     /// [`FfnRows::Streamed`]: where each forward pass reads the FFN weights from.
     streamed_from: Option<std::sync::Arc<rowread::RowSource>>,
+    /// The checkpoint the FFN rows were read from (kept open, so that
+    /// [`Model::swap_ffn`] can read the neurons a new plan adds).
+    ffn_source: Option<FfnSource>,
     dtype: DType,
     quant: Option<crate::sys::device::Quant>,
     prefill_chunk: usize,
@@ -135,6 +147,8 @@ impl Model {
         if opts.ffn == FfnRows::Streamed {
             source.drop_cached();
             model.streamed_from = Some(source);
+        } else {
+            model.ffn_source = Some(FfnSource::Rows(source));
         }
         Ok(model)
     }
@@ -223,6 +237,7 @@ impl Model {
             max_context,
             device: opts.device.clone(),
             streamed_from: None,
+            ffn_source: None,
             dtype: opts.dtype,
             quant: None,
             prefill_chunk: opts.prefill_chunk,
@@ -311,6 +326,7 @@ impl Model {
             max_context: Self::context(cfg, opts),
             device: Device::Cpu,
             streamed_from: None,
+            ffn_source: Some(FfnSource::Bundles(std::sync::Arc::new(file))),
             dtype: DType::F32,
             quant: Some(q),
             prefill_chunk: opts.prefill_chunk,
@@ -321,6 +337,58 @@ impl Model {
     pub(crate) fn context(cfg: &Config, opts: &LoadOptions) -> usize {
         opts.max_context
             .unwrap_or(cfg.max_position_embeddings.min(4096))
+    }
+
+    /// Bytes of weights read from the checkpoint so far (the load's and
+    /// every swap's).
+    pub fn weight_bytes_read(&self) -> u64 {
+        match &self.ffn_source {
+            Some(FfnSource::Rows(r)) => r.bytes_read(),
+            Some(FfnSource::Bundles(f)) => f.bytes_read(),
+            None => 0,
+        }
+    }
+
+    /// Holds `rows` instead of the FFN neurons held now (a new load plan
+    /// of the same size): per layer only the neurons added are read from
+    /// the checkpoint the model was loaded from, and those dropped are
+    /// freed; layers held whole stay whole. Returns the neurons read. f32/
+    /// f16 rows read each added neuron's gate and up rows alone but the
+    /// whole of `down_proj` (its columns are strided in the safetensors
+    /// file); the quantized dtypes read exactly the added bundles.
+    pub fn swap_ffn(&mut self, rows: &FfnRows) -> Result<usize> {
+        let FfnRows::Layers(layers) = rows else {
+            bail!("a swap names each sparse layer's neurons");
+        };
+        let probe = LoadOptions {
+            ffn: rows.clone(),
+            ..LoadOptions::default()
+        };
+        Self::check_options(&self.cfg, &probe)?;
+        let source = self
+            .ffn_source
+            .clone()
+            .context("this model was not read from a checkpoint folder: no neurons to swap in")?;
+        let (h, dtype, device) = (self.cfg.hidden_size, self.dtype, self.device.clone());
+        let mut read = 0;
+        for (i, (b, want)) in self.blocks.iter_mut().zip(layers).enumerate() {
+            let ids = match (b.mlp.neurons(), want) {
+                (None, None) => continue,
+                (Some(_), Some(ids)) => ids,
+                _ => bail!("layer {i}: a swap keeps whole layers whole and sparse ones sparse"),
+            };
+            let prefix = format!("model.layers.{i}.mlp");
+            read += b
+                .mlp
+                .swap_neurons(ids, |added| match &source {
+                    FfnSource::Rows(r) => Mlp::load_neurons(r, &prefix, added, h, dtype, &device),
+                    FfnSource::Bundles(f) => {
+                        Mlp::from_bundles(f.bundles(i, Some(added))?, Some(added.to_vec()))
+                    }
+                })
+                .with_context(|| format!("layer {i}: swapping in the new plan's neurons"))?;
+        }
+        Ok(read)
     }
 
     pub fn config(&self) -> &Config {

@@ -28,6 +28,8 @@ pub struct RowReader {
     path: PathBuf,
     file: File,
     entries: HashMap<String, TensorEntry>,
+    /// Bytes of tensor data read so far.
+    read: std::sync::atomic::AtomicU64,
 }
 
 fn dtype_of(s: &str) -> Option<DType> {
@@ -90,7 +92,15 @@ impl RowReader {
             path: path.to_path_buf(),
             file,
             entries,
+            read: Default::default(),
         })
+    }
+
+    /// `pread` of tensor data, counted in [`RowSource::bytes_read`].
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.file.read_exact_at(buf, offset)
     }
 
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
@@ -126,12 +136,11 @@ impl RowReader {
                     rows[j - 1]
                 );
             }
-            self.file
-                .read_exact_at(
-                    &mut data[i * row_bytes..j * row_bytes],
-                    e.start + (first * row_bytes) as u64,
-                )
-                .with_context(|| format!("{}: reading rows of {name}", self.path.display()))?;
+            self.read_at(
+                &mut data[i * row_bytes..j * row_bytes],
+                e.start + (first * row_bytes) as u64,
+            )
+            .with_context(|| format!("{}: reading rows of {name}", self.path.display()))?;
             i = j;
         }
         let t = Tensor::from_raw_buffer(&data, e.dtype, &[rows.len(), cols], &Device::Cpu)?;
@@ -161,8 +170,7 @@ impl RowReader {
         // out[c][r] = matrix[r][cols[c]]
         let mut out = vec![0u8; cols.len() * n_rows * elem];
         for r in 0..n_rows {
-            self.file
-                .read_exact_at(&mut row, e.start + (r * n_cols * elem) as u64)
+            self.read_at(&mut row, e.start + (r * n_cols * elem) as u64)
                 .with_context(|| format!("{}: reading {name}", self.path.display()))?;
             for (c, &col) in cols.iter().enumerate() {
                 let src = col as usize * elem;
@@ -210,8 +218,7 @@ impl RowReader {
             while at < n {
                 let k = step.min(n - at);
                 let bytes = &mut buf[..k * elem];
-                r.file
-                    .read_exact_at(bytes, e.start + (at * elem) as u64)
+                r.read_at(bytes, e.start + (at * elem) as u64)
                     .with_context(|| format!("{}: reading {name}", r.path.display()))?;
                 match e.dtype {
                     DType::F32 => {
@@ -308,6 +315,14 @@ impl RowSource {
                 libc::posix_fadvise(r.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
             }
         }
+    }
+
+    /// Bytes of tensor data read from every file so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.readers
+            .iter()
+            .map(|r| r.read.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
     }
 
     /// Every tensor of the checkpoint, with where it lives.

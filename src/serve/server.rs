@@ -1,8 +1,12 @@
 //! The request queue between front ends (the ROS node's service, topics and
 //! action) and the engine: one bounded FIFO, one worker thread that owns the
 //! engine, and an answer for every request — text, error or explicit
-//! rejection. Settings that need no reload (φ, α, sampling, max tokens) can
-//! change at runtime and apply to the next request. No ROS in here.
+//! rejection. Settings that need no reload (φ, α, sampling, max tokens, the
+//! task) can change at runtime and apply to the next request. A request is
+//! answered under the task it was accepted with: before running one whose
+//! task differs from the loaded plan's, the worker swaps the base set
+//! ([`EngineSpec::swap_task`]: only the neurons the new plan adds are read).
+//! No ROS in here.
 
 use crate::engine::spec::EngineSpec;
 use crate::engine::{Engine, GenerateOptions, Sampling, StopReason};
@@ -23,7 +27,8 @@ use std::time::Instant;
 pub struct Request {
     pub id: String,
     pub prompt: String,
-    /// `""` = the server's task; otherwise one of [`Server::tasks`].
+    /// `""` = the server's task when the request is accepted; otherwise one
+    /// of [`Server::tasks`].
     pub task: String,
     pub max_new_tokens: Option<i64>,
     pub temperature: Option<f64>,
@@ -45,6 +50,8 @@ pub struct Reply {
     pub compute_ratio: f64,
     /// `eos`, `length`, `cancelled`; empty when `success` is false.
     pub stop_reason: String,
+    /// The task whose plan answered.
+    pub task: String,
 }
 
 impl Reply {
@@ -98,6 +105,8 @@ pub struct RuntimeSettings {
     /// φ and α; only used by modes that select per prompt.
     pub compute_ratio: f64,
     pub token_ratio: f64,
+    /// The task of requests that name none.
+    pub task: String,
 }
 
 /// Counters published as node statistics.
@@ -125,6 +134,7 @@ struct Limits {
     /// Whether the mode selects neurons per prompt (φ and α apply).
     selects: bool,
     load_params: SelectionParams,
+    tasks: Vec<String>,
 }
 
 impl Limits {
@@ -137,6 +147,7 @@ impl Limits {
             );
         }
         s.sampling.validate()?;
+        known_task(&s.task, &self.tasks)?;
         let p = &self.load_params;
         if self.selects {
             p.with_selection(s.compute_ratio, s.token_ratio, self.num_layers)?;
@@ -145,6 +156,17 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// Refuses a task the node has no plan for, naming those it has.
+fn known_task(task: &str, tasks: &[String]) -> Result<()> {
+    if !tasks.iter().any(|t| t == task) {
+        bail!(
+            "unknown task `{task}`; this node knows: {}",
+            tasks.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// How the server is configured at start.
@@ -180,8 +202,6 @@ pub struct Server {
     worker: Mutex<Option<JoinHandle<()>>>,
     capacity: usize,
     limits: Limits,
-    task: String,
-    tasks: Vec<String>,
     mode: Mode,
     shutting_down: Arc<AtomicBool>,
 }
@@ -201,13 +221,24 @@ impl Server {
                 .map(|t| t.to_string())
                 .collect(),
         };
+        // The parameters as loaded: a memory plan chose γ (and, where every
+        // loaded neuron is computed, φ and δ with it).
+        let load_params = engine
+            .params()
+            .cloned()
+            .unwrap_or_else(|| spec.effective_params());
         let limits = Limits {
             max_context: engine.model.max_context(),
             num_layers: engine.model.config().num_hidden_layers,
             selects: engine.selection().is_some(),
-            load_params: spec.effective_params(),
+            load_params,
+            tasks,
         };
-        let defaults = config.defaults.clone();
+        let mut defaults = config.defaults.clone();
+        if !limits.selects {
+            defaults.compute_ratio = limits.load_params.compute_ratio;
+            defaults.token_ratio = limits.load_params.token_ratio;
+        }
         limits.check(&defaults)?;
         if limits.selects {
             engine.set_selection(defaults.compute_ratio, defaults.token_ratio)?;
@@ -230,17 +261,16 @@ impl Server {
         let worker = {
             let shared = shared.clone();
             let stop = shutting_down.clone();
+            let spec = spec.clone();
             std::thread::Builder::new()
                 .name("selectinfer-worker".into())
-                .spawn(move || worker_loop(engine, shared, stop))?
+                .spawn(move || worker_loop(engine, spec, shared, stop))?
         };
         Ok(Self {
             shared,
             worker: Mutex::new(Some(worker)),
             capacity: config.queue_depth,
             limits,
-            task: spec.params.task.clone(),
-            tasks,
             mode: spec.mode,
             shutting_down,
         })
@@ -248,7 +278,7 @@ impl Server {
 
     /// Tasks a request may name.
     pub fn tasks(&self) -> &[String] {
-        &self.tasks
+        &self.limits.tasks
     }
 
     pub fn mode(&self) -> Mode {
@@ -276,12 +306,8 @@ impl Server {
         if r.prompt.trim().is_empty() {
             bail!("the prompt is empty");
         }
-        if !r.task.is_empty() && !self.tasks.iter().any(|t| t == &r.task) {
-            bail!(
-                "unknown task `{}`; this node knows: {}",
-                r.task,
-                self.tasks.join(", ")
-            );
+        if !r.task.is_empty() {
+            known_task(&r.task, &self.limits.tasks)?;
         }
         if let Some(n) = r.max_new_tokens {
             if n < 1 || n as u64 >= self.limits.max_context as u64 {
@@ -309,6 +335,9 @@ impl Server {
     pub fn submit(&self, mut job: Job) -> bool {
         if job.request.id.is_empty() {
             job.request.id = new_request_id();
+        }
+        if job.request.task.is_empty() {
+            job.request.task = self.settings().task;
         }
         if let Err(e) = self.check_request(&job.request) {
             self.shared.failed.fetch_add(1, Ordering::Relaxed);
@@ -385,9 +414,9 @@ impl Server {
         }
     }
 
-    /// The task requests default to.
-    pub fn task(&self) -> &str {
-        &self.task
+    /// The task requests default to now.
+    pub fn task(&self) -> String {
+        self.settings().task
     }
 }
 
@@ -444,8 +473,15 @@ fn next_job(shared: &Shared) -> Option<Job> {
     }
 }
 
-fn worker_loop(mut engine: Engine, shared: Arc<Shared>, shutting_down: Arc<AtomicBool>) {
+fn worker_loop(
+    mut engine: Engine,
+    spec: EngineSpec,
+    shared: Arc<Shared>,
+    shutting_down: Arc<AtomicBool>,
+) {
     let mut applied = 0u64;
+    // The task whose base set the engine holds.
+    let mut loaded_task = spec.params.task.clone();
     while let Some(job) = next_job(&shared) {
         let id = job.request.id.clone();
         if shutting_down.load(Ordering::SeqCst) {
@@ -476,6 +512,40 @@ fn worker_loop(mut engine: Engine, shared: Arc<Shared>, shutting_down: Arc<Atomi
             on_done,
         } = job;
         let started = Instant::now();
+        if spec.mode.needs_ranking() && request.task != loaded_task {
+            let swapped = catch_unwind(AssertUnwindSafe(|| {
+                spec.swap_task(&mut engine, &request.task)
+            }))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error: the swap panicked")));
+            match swapped {
+                Ok(r) => {
+                    log::info!(
+                        "task {} -> {}: {} neurons read ({:.1} MiB) in {:.2} s",
+                        loaded_task,
+                        r.task,
+                        r.neurons_read,
+                        r.bytes_read as f64 / (1u64 << 20) as f64,
+                        r.seconds
+                    );
+                    loaded_task = r.task;
+                }
+                Err(e) => {
+                    // Back to the plan the engine held, layer by layer where
+                    // the swap stopped part way.
+                    if let Err(back) = spec.swap_task(&mut engine, &loaded_task) {
+                        log::error!("could not restore task {loaded_task}'s plan: {back:#}");
+                    }
+                    shared.busy.store(false, Ordering::SeqCst);
+                    shared.failed.fetch_add(1, Ordering::Relaxed);
+                    log::error!("request {id}: switching to task {}: {e:#}", request.task);
+                    on_done(Reply::error(
+                        &id,
+                        format!("switching to task {}: {e:#}", request.task),
+                    ));
+                    continue;
+                }
+            }
+        }
         let stop = || cancel.is_cancelled() || shutting_down.load(Ordering::SeqCst);
         let result = catch_unwind(AssertUnwindSafe(|| {
             run_request(&mut engine, &request, &settings, &stop, &mut on_token)
@@ -559,6 +629,7 @@ fn run_request(
         ttft_s: g.ttft_s,
         tokens_per_s: g.decode_tokens_per_s,
         compute_ratio: g.compute_ratio,
+        task: r.task.clone(),
         stop_reason: match g.stop_reason {
             StopReason::Eos => "eos",
             StopReason::Length => "length",

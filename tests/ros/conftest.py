@@ -72,6 +72,7 @@ def node_proc(tmp_path_factory):
     log = tmp_path_factory.mktemp("node") / "node.log"
     proc = start_node(log, "max_new_tokens:=16", "queue_depth:=8", "mode:=selectinfer", "load_ratio:=0.7",
                       "static_ratio:=0.2", "compute_ratio:=0.4", "token_ratio:=0.2")
+    proc.log_path = log
     try:
         wait_ready(proc, log)
         yield proc

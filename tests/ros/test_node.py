@@ -2,6 +2,7 @@
 load, bad input, runtime parameters, diagnostics, start-up refusals."""
 
 import time
+from pathlib import Path
 import uuid
 
 import rclpy
@@ -227,6 +228,27 @@ def test_runtime_phi_change_applies_to_next_response(node_proc, client):
         assert after.compute_ratio > before.compute_ratio + 0.1, (before.compute_ratio, after.compute_ratio)
     finally:
         assert set_param(client, "compute_ratio", 0.4).successful
+
+
+def test_runtime_task_change_swaps_the_base_set(node_proc, client):
+    gen = client.create_client(Generate, f"{NS}/generate")
+    refused = set_param(client, "task", "navigation")
+    assert not refused.successful and "unknown task" in refused.reason, refused.reason
+    before = call(client, gen, Generate.Request(prompt="Name a colour.", max_new_tokens=6))
+    assert before.success, before.error
+    try:
+        assert set_param(client, "task", "translation").successful
+        swapped = call(client, gen, Generate.Request(prompt="Name a colour.", max_new_tokens=6))
+        assert swapped.success, swapped.error
+        named = call(client, gen, Generate.Request(prompt="Name a colour.", task="summarization",
+                                                   max_new_tokens=6))
+        assert named.success, named.error
+    finally:
+        assert set_param(client, "task", "qa").successful
+    again = call(client, gen, Generate.Request(prompt="Name a colour.", max_new_tokens=6))
+    assert again.success and again.text == before.text, (before.text, again.text)
+    log = Path(node_proc.log_path).read_text()
+    assert "task qa -> translation" in log and "task translation -> summarization" in log, log[-2000:]
 
 
 def test_diagnostics_report_queue_and_memory(node_proc, client):

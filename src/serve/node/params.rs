@@ -21,7 +21,7 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ),
     (
         "task",
-        "task whose base neurons are loaded and static (load-time)",
+        "task whose base neurons are loaded and static; changed at runtime, the next request of that task swaps the base set in (reading only the neurons it adds) (runtime)",
     ),
     (
         "mode",
@@ -98,6 +98,7 @@ pub const PARAMETERS: &[(&str, &str)] = &[
 ];
 
 const RUNTIME: &[&str] = &[
+    "task",
     "compute_ratio",
     "token_ratio",
     "max_new_tokens",
@@ -131,6 +132,7 @@ impl Default for NodeParams {
                 sampling: d.sampling(),
                 compute_ratio: d.compute_ratio,
                 token_ratio: d.token_ratio,
+                task: d.task.into(),
             },
             queue_depth: defaults::QUEUE_DEPTH,
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
@@ -229,7 +231,10 @@ impl NodeParams {
                 let s = string(name, v)?;
                 e.ranking = (!s.is_empty()).then(|| PathBuf::from(s));
             }
-            "task" => e.params.task = string(name, v)?,
+            "task" => {
+                e.params.task = string(name, v)?;
+                self.runtime.task = e.params.task.clone();
+            }
             "mode" => {
                 let s = string(name, v)?;
                 e.mode = s.parse().context("parameter mode")?;
