@@ -4,7 +4,8 @@
 //! [`fidelity`] instrument, benchmarks
 //! ([`bench`]), synthetic models of real shapes ([`synth`]), candle's
 //! quantized GGUF model as a baseline engine ([`gguf`]) and the CPU-vs-device
-//! parity check ([`parity`]); with the `plot` feature, the fidelity
+//! parity check ([`parity`]), a task hot-swap against a restart
+//! ([`hotswap`]); with the `plot` feature, the fidelity
 //! instrument's retention/speed-up plot ([`plot`]).
 
 pub mod bench;
@@ -13,6 +14,7 @@ pub mod data;
 pub mod eval;
 pub mod fidelity;
 pub mod gguf;
+pub mod hotswap;
 pub mod metrics;
 pub mod parity;
 #[cfg(feature = "plot")]

@@ -147,6 +147,19 @@ pub enum Command {
         #[arg(long, default_value_t = 8)]
         steps: usize,
     },
+    /// Switch a loaded engine from --task to --to and compare with a restart
+    /// (bytes read, seconds, answers).
+    HotSwap {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The task to switch to.
+        #[arg(long)]
+        to: String,
+        #[arg(long, default_value_t = 16)]
+        new_tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark decode/prefill speed on fixed prompts.
     Bench {
         #[command(flatten)]

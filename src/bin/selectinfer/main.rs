@@ -12,7 +12,7 @@ use selectinfer::engine::{EngineSpec, GenerateOptions, Generator, Sampling};
 use selectinfer::method::Mode;
 use selectinfer::sys::device::Quant;
 use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
-use selectinfer::tools::{eval, fidelity, gguf, parity, prepare, quantize, synth};
+use selectinfer::tools::{eval, fidelity, gguf, hotswap, parity, prepare, quantize, synth};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -174,6 +174,18 @@ fn run(cli: Cli) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?;
             println!("{}", serde_json::to_string_pretty(&reports)?);
         }
+        Command::HotSwap {
+            model,
+            to,
+            new_tokens,
+            json,
+        } => {
+            let report = hotswap::measure(&model.spec(), &to, new_tokens)?;
+            match json {
+                true => println!("{}", serde_json::to_string_pretty(&report)?),
+                false => println!("{report}"),
+            }
+        }
         Command::Bench {
             model,
             engine,
@@ -181,7 +193,11 @@ fn run(cli: Cli) -> Result<()> {
             bandwidth,
             json,
         } => {
-            let spec = model.spec();
+            // Under a memory budget, γ as planned (with the tokenizer
+            // resident while planning, as a real load has it).
+            let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.model)?;
+            let (spec, _) = model.spec().planned()?;
+            drop(codec);
             // The device first: a missing one is the error to report.
             let load = spec.load_options()?;
             let opts = BenchOptions {
