@@ -121,8 +121,13 @@ impl EngineSpec {
             self.plan_seed,
         )
         .with_context(|| format!("the plan of task `{task}`"))?;
+        let planned = started.elapsed().as_secs_f64();
         let before = engine.model.weight_bytes_read();
         let neurons_read = engine.swap_method(method)?;
+        log::debug!(
+            "swap to {task}: plan {planned:.3} s, swap {:.3} s",
+            started.elapsed().as_secs_f64() - planned
+        );
         Ok(SwapReport {
             task: task.to_string(),
             neurons_read,

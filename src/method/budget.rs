@@ -2,8 +2,10 @@
 //! cache at the longest context served, the prefill temporaries and the
 //! runtime (the process's own resident memory before any weight, plus a
 //! margin) cost is taken off the budget; the rest goes to the FFN, the same
-//! number of neurons in every sparse layer (dense layers whole). A budget
-//! the mode cannot meet is refused with its floor in MiB.
+//! number of neurons in every sparse layer (dense layers whole), with room
+//! for one layer's copy while a prompt's chosen rows are arranged or a task
+//! swap merges a layer. A budget the mode cannot meet is refused with its
+//! floor in MiB.
 
 use super::params::SelectionParams;
 use super::Mode;
@@ -30,6 +32,9 @@ pub struct MemoryPlan {
     pub ffn_weights: u64,
     pub kv_cache: u64,
     pub activations: u64,
+    /// One layer's FFN held twice: the per-prompt arrangement of a
+    /// selecting mode, a task swap's merge.
+    pub transient: u64,
     /// Neurons held per layer.
     pub held: Vec<usize>,
     /// γ of the sparse layers (1 when every layer is whole).
@@ -63,10 +68,29 @@ impl MemoryPlan {
             .sum();
         let fixed =
             runtime + fp.other_weights + fp.kv_cache + fp.activations + streamed + fixed_ffn;
+        // A layer copied whole while it is rearranged (selecting modes) or
+        // merged with a new task's neurons (ranked plans): per held neuron
+        // of the largest sparse layer, or a fixed cost for whole layers.
+        let copies = mode.selects() || mode.needs_ranking();
+        let largest = (0..layers)
+            .filter(|&l| sparse(l))
+            .map(|l| fp.neuron_bytes[l])
+            .max()
+            .unwrap_or(0);
+        let whole_copy = match mode.selects() && !mode.loads_subset() {
+            true => (0..layers)
+                .filter(|l| !params.dense_layers.contains(l))
+                .map(|l| fp.neuron_bytes[l] * fp.width as u64)
+                .max()
+                .unwrap_or(0),
+            false => 0,
+        };
+        let fixed = fixed + whole_copy;
         let per_neuron: u64 = (0..layers)
             .filter(|&l| sparse(l))
             .map(|l| fp.neuron_bytes[l])
-            .sum();
+            .sum::<u64>()
+            + if copies { largest } else { 0 };
         let min_ratio = match mode.selects() {
             true => params.compute_ratio.max(MIN_LOAD_RATIO),
             false => MIN_LOAD_RATIO,
@@ -82,11 +106,11 @@ impl MemoryPlan {
                 _ => format!("mode {} at its least load_ratio {min_ratio}", mode.name()),
             };
             bail!(
-                "memory budget {:.0} MiB is below the floor of {:.0} MiB ({what}: weights outside the FFN {:.0} MiB, FFN {:.0} MiB, KV cache for {} positions {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB){}",
+                "memory budget {:.0} MiB is below the floor of {:.0} MiB ({what}: weights outside the FFN {:.0} MiB, FFN and its one-layer copy {:.0} MiB, KV cache for {} positions {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB){}",
                 budget as f64 / MIB,
                 floor as f64 / MIB,
                 fp.other_weights as f64 / MIB,
-                (floor - fixed + fixed_ffn + streamed) as f64 / MIB,
+                (floor - fixed + fixed_ffn + streamed + whole_copy) as f64 / MIB,
                 fp.context,
                 fp.kv_cache as f64 / MIB,
                 fp.activations as f64 / MIB,
@@ -115,6 +139,7 @@ impl MemoryPlan {
             ffn_weights: fp.weights(&held) - fp.other_weights,
             kv_cache: fp.kv_cache,
             activations: fp.activations + streamed,
+            transient: whole_copy + if copies { largest * n as u64 } else { 0 },
             load_ratio: match per_neuron {
                 0 => 1.0,
                 _ => n as f64 / fp.width as f64,
@@ -126,7 +151,12 @@ impl MemoryPlan {
 
     /// The peak resident memory the plan expects.
     pub fn expected_peak(&self) -> u64 {
-        self.runtime + self.other_weights + self.ffn_weights + self.kv_cache + self.activations
+        self.runtime
+            + self.other_weights
+            + self.ffn_weights
+            + self.kv_cache
+            + self.activations
+            + self.transient
     }
 
     /// `params` with the planned γ; for a mode that computes every loaded
@@ -150,7 +180,7 @@ impl std::fmt::Display for MemoryPlan {
         let m = |b: u64| b as f64 / MIB;
         write!(
             f,
-            "memory plan: budget {:.0} MiB, expected peak {:.0} MiB (floor {:.0}); load_ratio {:.3} ({} of {} neurons per sparse layer); weights {:.0} MiB outside the FFN + {:.0} MiB FFN, KV cache {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB",
+            "memory plan: budget {:.0} MiB, expected peak {:.0} MiB (floor {:.0}); load_ratio {:.3} ({} of {} neurons per sparse layer); weights {:.0} MiB outside the FFN + {:.0} MiB FFN, KV cache {:.0} MiB, prefill temporaries {:.0} MiB, one layer's copy {:.0} MiB, runtime {:.0} MiB",
             m(self.budget),
             m(self.expected_peak()),
             m(self.floor),
@@ -161,6 +191,7 @@ impl std::fmt::Display for MemoryPlan {
             m(self.ffn_weights),
             m(self.kv_cache),
             m(self.activations),
+            m(self.transient),
             m(self.runtime),
         )
     }
@@ -199,7 +230,8 @@ mod tests {
         let fp = footprint();
         let resident = 20 << 20;
         let fixed = resident + RUNTIME_MARGIN + (115 << 20) + 1000 * 1000;
-        let budget = fixed + 3 * 1000 * 600 + 999;
+        // Three sparse layers and one layer's copy per held neuron.
+        let budget = fixed + 4 * 1000 * 600 + 999;
         let plan = MemoryPlan::new(budget, &fp, resident, Mode::Selectinfer, &params()).unwrap();
         assert_eq!(plan.held, vec![1000, 600, 600, 600]);
         assert_eq!(plan.load_ratio, 0.6);
@@ -212,7 +244,7 @@ mod tests {
         let fp = footprint();
         let p = params(); // φ 0.4
         let err = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Selectinfer, &p).unwrap_err();
-        let floor = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 3 * 1000 * 400;
+        let floor = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 4 * 1000 * 400;
         let want = format!("floor of {:.0} MiB", floor as f64 / MIB);
         assert!(err.to_string().contains(&want), "{err}");
         let dense = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Dense, &p).unwrap_err();
@@ -225,7 +257,7 @@ mod tests {
     #[test]
     fn load_only_lowers_phi_and_delta_with_gamma() {
         let fp = footprint();
-        let budget = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 3 * 1000 * 200;
+        let budget = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 4 * 1000 * 200;
         let plan = MemoryPlan::new(budget, &fp, 20 << 20, Mode::LoadOnly, &params()).unwrap();
         let p = plan.apply(Mode::LoadOnly, &params());
         assert_eq!(p.load_ratio, 0.2);

@@ -109,9 +109,8 @@ impl RowReader {
             .with_context(|| format!("{}: no tensor {name}", self.path.display()))
     }
 
-    /// Rows `rows` (in that order) of the 2-D tensor `name` → `[rows.len(), cols]`
-    /// in `dtype`. Consecutive rows are read with one `pread`.
-    pub fn rows(&self, name: &str, rows: &[u32], dtype: DType) -> Result<Tensor> {
+    /// The matrix `name`'s entry and its `[rows, cols]`.
+    fn matrix(&self, name: &str) -> Result<(&TensorEntry, usize, usize)> {
         let e = self.entry(name)?;
         let [n_rows, cols] = e.shape[..] else {
             bail!(
@@ -120,45 +119,64 @@ impl RowReader {
                 e.shape
             );
         };
+        Ok((e, n_rows, cols))
+    }
+
+    /// Rows `rows` (in that order) of the 2-D tensor `name` → `[rows.len(), cols]`
+    /// in `dtype`. Consecutive rows are read with one `pread` (at most
+    /// 4 MiB) and converted into the final buffer: no staging copy.
+    pub fn rows(&self, name: &str, rows: &[u32], dtype: DType) -> Result<Tensor> {
+        let cols = self.matrix(name)?.2;
+        let mut buf = RowBuf::new(dtype).with_context(|| name.to_string())?;
+        buf.rows(self, name, rows)?;
+        buf.into_tensor(cols)
+    }
+
+    /// Appends rows `rows` of `name`, converted to `T`, to `out`.
+    fn append_rows<T: FromF32>(&self, name: &str, rows: &[u32], out: &mut Vec<T>) -> Result<()> {
+        let (e, n_rows, cols) = self.matrix(name)?;
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n_rows) {
+            bail!(
+                "{}: row {bad} of {name} is out of range ({n_rows} rows)",
+                self.path.display()
+            );
+        }
         let row_bytes = cols * e.dtype.size_in_bytes();
-        let mut data = vec![0u8; rows.len() * row_bytes];
+        let per_read = ((4 << 20) / row_bytes.max(1)).max(1);
+        let mut buf = vec![0u8; per_read.min(rows.len()) * row_bytes];
+        out.reserve(rows.len() * cols);
         let mut i = 0;
         while i < rows.len() {
             let mut j = i + 1;
-            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+            while j < rows.len() && j - i < per_read && rows[j] == rows[j - 1] + 1 {
                 j += 1;
             }
-            let first = rows[i] as usize;
-            if first + (j - i) > n_rows {
-                bail!(
-                    "{}: row {} of {name} is out of range ({n_rows} rows)",
-                    self.path.display(),
-                    rows[j - 1]
-                );
-            }
-            self.read_at(
-                &mut data[i * row_bytes..j * row_bytes],
-                e.start + (first * row_bytes) as u64,
-            )
-            .with_context(|| format!("{}: reading rows of {name}", self.path.display()))?;
+            let bytes = &mut buf[..(j - i) * row_bytes];
+            self.read_at(bytes, e.start + (rows[i] as usize * row_bytes) as u64)
+                .with_context(|| format!("{}: reading rows of {name}", self.path.display()))?;
+            convert(bytes, e.dtype, out);
             i = j;
         }
-        let t = Tensor::from_raw_buffer(&data, e.dtype, &[rows.len(), cols], &Device::Cpu)?;
-        Ok(t.to_dtype(dtype)?)
+        Ok(())
     }
 
     /// Columns `cols` of the 2-D tensor `name`, transposed → `[cols.len(), rows]`
     /// in `dtype`. Reads the matrix one row at a time (a row-sized buffer),
-    /// keeping only the selected columns.
+    /// keeping only the selected columns, converted into the final buffer.
     pub fn columns_t(&self, name: &str, cols: &[u32], dtype: DType) -> Result<Tensor> {
-        let e = self.entry(name)?;
-        let [n_rows, n_cols] = e.shape[..] else {
-            bail!(
-                "{}: {name} is not a matrix ({:?})",
-                self.path.display(),
-                e.shape
-            );
-        };
+        let n_rows = self.matrix(name)?.1;
+        let mut buf = RowBuf::new(dtype).with_context(|| name.to_string())?;
+        buf.columns_t(self, name, cols)?;
+        buf.into_tensor(n_rows)
+    }
+
+    fn append_columns_t<T: FromF32>(
+        &self,
+        name: &str,
+        cols: &[u32],
+        out: &mut Vec<T>,
+    ) -> Result<()> {
+        let (e, n_rows, n_cols) = self.matrix(name)?;
         if let Some(&c) = cols.iter().find(|&&c| c as usize >= n_cols) {
             bail!(
                 "{}: column {c} of {name} is out of range ({n_cols} columns)",
@@ -167,19 +185,96 @@ impl RowReader {
         }
         let elem = e.dtype.size_in_bytes();
         let mut row = vec![0u8; n_cols * elem];
+        let mut converted: Vec<T> = Vec::with_capacity(n_cols);
         // out[c][r] = matrix[r][cols[c]]
-        let mut out = vec![0u8; cols.len() * n_rows * elem];
+        let base = out.len();
+        out.resize(base + cols.len() * n_rows, T::from_f32(0.0));
         for r in 0..n_rows {
             self.read_at(&mut row, e.start + (r * n_cols * elem) as u64)
                 .with_context(|| format!("{}: reading {name}", self.path.display()))?;
+            converted.clear();
+            convert(&row, e.dtype, &mut converted);
             for (c, &col) in cols.iter().enumerate() {
-                let src = col as usize * elem;
-                let dst = (c * n_rows + r) * elem;
-                out[dst..dst + elem].copy_from_slice(&row[src..src + elem]);
+                out[base + c * n_rows + r] = converted[col as usize];
             }
         }
-        let t = Tensor::from_raw_buffer(&out, e.dtype, &[cols.len(), n_rows], &Device::Cpu)?;
-        Ok(t.to_dtype(dtype)?)
+        Ok(())
+    }
+}
+
+/// A growing buffer of weights in their final dtype: rows and columns of
+/// several tensors can be read into one (`[gate rows; up rows]`) and
+/// become a tensor without a copy.
+pub enum RowBuf {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+}
+
+impl RowBuf {
+    pub fn new(dtype: DType) -> Result<Self> {
+        Ok(match dtype {
+            DType::F32 => Self::F32(Vec::new()),
+            DType::F16 => Self::F16(Vec::new()),
+            DType::BF16 => Self::BF16(Vec::new()),
+            other => bail!("cannot load weights as {other:?}"),
+        })
+    }
+
+    /// Appends rows `rows` of `r`'s matrix `name`.
+    pub fn rows(&mut self, r: &RowReader, name: &str, rows: &[u32]) -> Result<&mut Self> {
+        match self {
+            Self::F32(v) => r.append_rows(name, rows, v)?,
+            Self::F16(v) => r.append_rows(name, rows, v)?,
+            Self::BF16(v) => r.append_rows(name, rows, v)?,
+        }
+        Ok(self)
+    }
+
+    /// Appends columns `cols` of `r`'s matrix `name`, transposed.
+    pub fn columns_t(&mut self, r: &RowReader, name: &str, cols: &[u32]) -> Result<&mut Self> {
+        match self {
+            Self::F32(v) => r.append_columns_t(name, cols, v)?,
+            Self::F16(v) => r.append_columns_t(name, cols, v)?,
+            Self::BF16(v) => r.append_columns_t(name, cols, v)?,
+        }
+        Ok(self)
+    }
+
+    /// The buffer as a `[rows, cols]` CPU tensor (no copy).
+    pub fn into_tensor(self, cols: usize) -> Result<Tensor> {
+        let len = match &self {
+            Self::F32(v) => v.len(),
+            Self::F16(v) => v.len(),
+            Self::BF16(v) => v.len(),
+        };
+        let shape = (len / cols.max(1), cols);
+        Ok(match self {
+            Self::F32(v) => Tensor::from_vec(v, shape, &Device::Cpu)?,
+            Self::F16(v) => Tensor::from_vec(v, shape, &Device::Cpu)?,
+            Self::BF16(v) => Tensor::from_vec(v, shape, &Device::Cpu)?,
+        })
+    }
+}
+
+/// Appends `bytes` (little-endian elements of `dtype`) to `out`, converted.
+fn convert<T: FromF32>(bytes: &[u8], dtype: DType, out: &mut Vec<T>) {
+    match dtype {
+        DType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| T::from_f32(f32::from_le_bytes(b.try_into().expect("4 bytes")))),
+        ),
+        DType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| T::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32())),
+        ),
+        _ => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| T::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        ),
     }
 }
 
@@ -220,23 +315,7 @@ impl RowReader {
                 let bytes = &mut buf[..k * elem];
                 r.read_at(bytes, e.start + (at * elem) as u64)
                     .with_context(|| format!("{}: reading {name}", r.path.display()))?;
-                match e.dtype {
-                    DType::F32 => {
-                        out.extend(bytes.chunks_exact(4).map(|b| {
-                            T::from_f32(f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                        }))
-                    }
-                    DType::F16 => out.extend(
-                        bytes
-                            .chunks_exact(2)
-                            .map(|b| T::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32())),
-                    ),
-                    _ => out.extend(
-                        bytes
-                            .chunks_exact(2)
-                            .map(|b| T::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32())),
-                    ),
-                }
+                convert(bytes, e.dtype, &mut out);
                 at += k;
             }
             Ok(Tensor::from_vec(out, e.shape.as_slice(), &Device::Cpu)?)

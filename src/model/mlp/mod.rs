@@ -21,7 +21,7 @@ mod swap;
 
 use crate::model::bundles::Bundles;
 use crate::model::linear::{is_single_row, Linear};
-use crate::model::rowread::RowSource;
+use crate::model::rowread::{RowBuf, RowSource};
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;
@@ -147,27 +147,41 @@ impl Mlp {
         sorted.dedup();
         let neurons = &sorted[..];
         let name = |part: &str| format!("{prefix}.{part}.weight");
-        let read = |part: &str, down: bool| -> Result<Tensor> {
-            let n = name(part);
-            let r = source.find(&n)?;
-            let t = if down {
-                r.columns_t(&n, neurons, dtype)?
-            } else {
-                r.rows(&n, neurons, dtype)?
-            };
-            if t.dim(1)? != hidden {
-                anyhow::bail!(
-                    "{n}: expected {hidden} along the hidden dimension, found {:?}",
-                    r.entry(&n)?.shape
-                );
+        let (gate, up, down) = (name("gate_proj"), name("up_proj"), name("down_proj"));
+        let check = |n: &str, axis: usize| -> Result<()> {
+            let shape = &source.find(n)?.entry(n)?.shape;
+            if shape.len() != 2 || shape[axis] != hidden {
+                anyhow::bail!("{n}: expected {hidden} along the hidden dimension, found {shape:?}");
             }
-            Ok(t.to_device(device)?)
+            Ok(())
         };
-        let mut mlp = Self::from_neuron_rows(
-            &read("gate_proj", false)?,
-            &read("up_proj", false)?,
-            &read("down_proj", true)?,
-        )?;
+        check(&gate, 1)?;
+        check(&up, 1)?;
+        check(&down, 0)?;
+        // Read and converted straight into the buffers decode runs on:
+        // `[gate rows; up rows]` in one, down_proj's columns in the other.
+        let mut gate_up = RowBuf::new(dtype)?;
+        gate_up
+            .rows(source.find(&gate)?, &gate, neurons)?
+            .rows(source.find(&up)?, &up, neurons)?;
+        let mut down_t = RowBuf::new(dtype)?;
+        down_t.columns_t(source.find(&down)?, &down, neurons)?;
+        let (gate_up, down_t) = (
+            gate_up.into_tensor(hidden)?.to_device(device)?,
+            down_t.into_tensor(hidden)?.to_device(device)?,
+        );
+        let width = neurons.len();
+        let mut mlp = Self {
+            store: Store::Rows {
+                gate_up: Linear::new(gate_up, None)?,
+                down_t,
+            },
+            width,
+            neurons: None,
+            order: None,
+            front: width,
+            gate_keep: None,
+        };
         mlp.neurons = Some(neurons.to_vec());
         Ok(mlp)
     }

@@ -104,7 +104,6 @@ impl Mlp {
         self.neurons = Some(new);
         self.order = None;
         self.front = self.width;
-        self.collapse_to_huge_pages();
         Ok(added.len())
     }
 }
