@@ -76,47 +76,72 @@ impl Bundles {
 
     /// Stores bundle `src[i]` at `i` (moving blocks, never requantizing):
     /// in place when no view shares the buffer (so it keeps its huge
-    /// pages), else into a new buffer.
+    /// pages; one bundle of scratch, each cycle of the permutation followed
+    /// once), else into a new buffer.
     pub fn permute(&mut self, src: &[usize]) -> Result<()> {
         let bb = self.layout.bundle_bytes();
-        if src.len() != self.count || src.iter().any(|&s| s >= self.count) {
-            bail!(
-                "a permutation of {} bundles names {} (largest {:?})",
-                self.count,
-                src.len(),
-                src.iter().max()
-            );
+        let n = self.count;
+        let mut seen = vec![false; n];
+        for &s in src {
+            if s >= n || std::mem::replace(&mut seen[s], true) {
+                bail!("{src:?} is not a permutation of {n} bundles");
+            }
         }
-        let old = self.data();
-        let mut moved = vec![0u8; old.len()];
-        for (dst, &s) in moved.chunks_exact_mut(bb).zip(src) {
-            dst.copy_from_slice(&old[s * bb..(s + 1) * bb]);
+        if src.len() != n {
+            bail!("a permutation of {n} bundles names {}", src.len());
         }
-        match Arc::get_mut(&mut self.data) {
-            Some(buf) => buf[..moved.len()].copy_from_slice(&moved),
-            None => self.data = Arc::new(moved),
+        let Some(buf) = Arc::get_mut(&mut self.data) else {
+            let old = self.data();
+            let mut moved = Vec::with_capacity(old.len());
+            for &s in src {
+                moved.extend_from_slice(&old[s * bb..(s + 1) * bb]);
+            }
+            self.data = Arc::new(moved);
+            return Ok(());
+        };
+        let mut done = vec![false; n];
+        let mut scratch = vec![0u8; bb];
+        for start in 0..n {
+            if done[start] || src[start] == start {
+                continue;
+            }
+            // Bundle `start` is parked in `scratch`; each slot takes its
+            // source until the cycle comes back to `start`.
+            scratch.copy_from_slice(&buf[start * bb..(start + 1) * bb]);
+            let mut dst = start;
+            loop {
+                done[dst] = true;
+                let from = src[dst];
+                if from == start {
+                    buf[dst * bb..(dst + 1) * bb].copy_from_slice(&scratch);
+                    break;
+                }
+                buf.copy_within(from * bb..(from + 1) * bb, dst * bb);
+                dst = from;
+            }
         }
         Ok(())
     }
 
-    /// New bundles whose bundle `i` is bundle `r` of `a` when `picks[i] =
-    /// (false, r)`, of `b` when `(true, r)` (a layer's kept neurons and the
-    /// ones read in for a new plan; blocks moved, never requantized).
-    pub fn merge(a: &Self, b: &Self, picks: &[(bool, u32)]) -> Result<Self> {
-        if a.layout != b.layout {
-            bail!("bundles of different layouts cannot be merged");
+    /// Writes bundle `j` of `from` over bundle `slots[j]` (a swap's added
+    /// neurons into the slots of the dropped ones): in place when no view
+    /// shares the buffer, else on a copy of it.
+    pub fn overwrite(&mut self, slots: &[usize], from: &Self) -> Result<()> {
+        if self.layout != from.layout {
+            bail!("bundles of different layouts cannot be mixed");
         }
-        let bb = a.layout.bundle_bytes();
-        let mut data = Vec::with_capacity(picks.len() * bb);
-        for &(from_b, r) in picks {
-            let src = if from_b { b } else { a };
-            let r = r as usize;
-            if r >= src.count {
-                bail!("bundle {r} of {} is out of range", src.count);
-            }
-            data.extend_from_slice(&src.data()[r * bb..(r + 1) * bb]);
+        if slots.len() != from.count {
+            bail!("{} slots given for {} bundles", slots.len(), from.count);
         }
-        Self::new(a.layout, data)
+        if let Some(&bad) = slots.iter().find(|&&s| s >= self.count) {
+            bail!("bundle slot {bad} is out of range ({} held)", self.count);
+        }
+        let bb = self.layout.bundle_bytes();
+        let buf = Arc::make_mut(&mut self.data);
+        for (j, &s) in slots.iter().enumerate() {
+            buf[s * bb..(s + 1) * bb].copy_from_slice(&from.data[j * bb..(j + 1) * bb]);
+        }
+        Ok(())
     }
 
     /// One row `x [H]` → `[H]` over every bundle held.
@@ -220,5 +245,70 @@ impl Bundles {
         let mut dims = lead;
         dims.push(h);
         Ok(y.reshape(dims)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::QFormat;
+
+    /// `n` bundles whose bytes all hold their index.
+    fn numbered(n: usize) -> Bundles {
+        let layout = BundleLayout {
+            hidden: 32,
+            gate: QFormat::Q8_0,
+            up: QFormat::Q8_0,
+            down: QFormat::Q8_0,
+        };
+        let bb = layout.bundle_bytes();
+        let data = (0..n).flat_map(|i| vec![i as u8; bb]).collect();
+        Bundles::new(layout, data).unwrap()
+    }
+
+    fn labels(b: &Bundles) -> Vec<usize> {
+        let bb = b.layout.bundle_bytes();
+        b.data().chunks(bb).map(|c| c[0] as usize).collect()
+    }
+
+    #[test]
+    fn permute_in_place_follows_every_cycle_and_a_shared_buffer_is_copied() {
+        let n = 9;
+        // Cycles of lengths 1, 2, 3 and 3.
+        let src = [0, 2, 1, 4, 5, 3, 8, 6, 7];
+        let mut b = numbered(n);
+        let before = b.data.as_ptr();
+        b.permute(&src).unwrap();
+        assert_eq!(labels(&b), src);
+        assert_eq!(b.data.as_ptr(), before, "moved in place");
+
+        let mut b = numbered(n);
+        let view = b.prefix(4);
+        b.permute(&src).unwrap();
+        assert_eq!(labels(&b), src);
+        assert_eq!(labels(&view), [0, 1, 2, 3], "a view keeps the old order");
+
+        let err = numbered(3).permute(&[0, 0, 1]).unwrap_err().to_string();
+        assert!(err.contains("not a permutation"), "{err}");
+    }
+
+    #[test]
+    fn overwrite_writes_the_given_slots() {
+        let mut b = numbered(5);
+        let incoming = Bundles {
+            count: 2,
+            ..numbered(12)
+        };
+        let mut fresh = numbered(12);
+        fresh
+            .permute(&[10, 11, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1])
+            .unwrap();
+        b.overwrite(&[3, 1], &fresh.prefix(2)).unwrap();
+        assert_eq!(labels(&b), [0, 11, 2, 10, 4]);
+        assert!(b.overwrite(&[5], &incoming.prefix(1)).is_err());
+        assert!(
+            b.overwrite(&[0], &incoming).is_err(),
+            "two bundles, one slot"
+        );
     }
 }

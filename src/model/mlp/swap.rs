@@ -1,8 +1,11 @@
 //! Swapping a layer's held neurons for another set of the same size (a
-//! task hot-swap): kept neurons move, only the added ones are read.
+//! task hot-swap): kept neurons move, only the added ones are read. Quantized
+//! bundles are swapped in place (the added neurons written over the dropped
+//! ones, then one in-place permutation back to canonical order), so the
+//! layer keeps its buffer and huge pages; f32/f16 rows are merged into new
+//! tensors.
 
 use super::{Mlp, Store};
-use crate::model::bundles::Bundles;
 use crate::model::linear::Linear;
 use anyhow::{Context, Result};
 use candle_core::Tensor;
@@ -13,8 +16,8 @@ impl Mlp {
     /// are moved, `read` is given the added ones (ascending) and returns
     /// them as an MLP of the same storage, and the dropped ones are freed.
     /// The layer ends in canonical order (not arranged). Returns how many
-    /// neurons were read. At most one of the layer's matrices exists twice
-    /// meanwhile.
+    /// neurons were read. Bundles need no second copy; of f32/f16 rows at
+    /// most one of the layer's matrices exists twice meanwhile.
     pub fn swap_neurons(
         &mut self,
         neurons: &[u32],
@@ -52,6 +55,25 @@ impl Mlp {
             );
         }
         let stored = self.stored_rows();
+        if let (Store::Bundles(b), Store::Bundles(inc)) = (&mut self.store, &incoming.store) {
+            // The dropped neurons' stored rows take the added ones (both ascending).
+            let slots: Vec<usize> = old
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| new.binary_search(n).is_err())
+                .map(|(c, _)| stored[c] as usize)
+                .collect();
+            b.overwrite(&slots, inc)?;
+            let src: Vec<usize> = new
+                .iter()
+                .map(|n| match old.binary_search(n) {
+                    Ok(c) => stored[c] as usize,
+                    Err(_) => slots[added.binary_search(n).expect("an added neuron")],
+                })
+                .collect();
+            b.permute(&src)?;
+            return Ok(self.swapped(new, added.len()));
+        }
         // Per neuron of the new set: its stored row here, or its row in `incoming`.
         let src: Vec<std::result::Result<usize, usize>> = new
             .iter()
@@ -98,12 +120,16 @@ impl Mlp {
                 *gate_up = Linear::new(merged, None)?;
                 *down_t = crate::kernels::merge_rows(down_t, in_down_t, &rows)?;
             }
-            (Store::Bundles(b), Store::Bundles(inc)) => *b = Bundles::merge(b, inc, &rows)?,
             _ => anyhow::bail!("the neurons read in are stored differently from the layer's"),
         }
-        self.neurons = Some(new);
+        Ok(self.swapped(new, added.len()))
+    }
+
+    /// Records a finished swap to `neurons` (canonical order); returns `read`.
+    fn swapped(&mut self, neurons: Vec<u32>, read: usize) -> usize {
+        self.neurons = Some(neurons);
         self.order = None;
         self.front = self.width;
-        Ok(added.len())
+        read
     }
 }
