@@ -31,6 +31,7 @@ fn config(mode: Mode, queue_depth: usize) -> ServerConfig {
             compute_ratio: engine.params.compute_ratio,
             token_ratio: engine.params.token_ratio,
             task: engine.params.task.clone(),
+            system_prompt: String::new(),
         },
         engine,
         queue_depth,

@@ -1,9 +1,11 @@
 //! The decode loop shared by every engine (ours in any mode, the GGUF
-//! baseline): prefill, sample, step token by token until a stop token, the
-//! token limit or the caller's cancel; streaming, timing and the
-//! generation's statistics.
+//! baseline): prefill, sample (under the request's grammar, if any), step
+//! token by token until a stop token or string, the token limit or the
+//! caller's cancel; streaming, timing and the generation's statistics.
 
+use super::grammar::Grammar;
 use super::sampling::Sampling;
+use super::stops::StopStrings;
 use super::text::{TextCodec, TextStream};
 use crate::sys::memory;
 use anyhow::Result;
@@ -21,6 +23,20 @@ pub enum StopReason {
     Length,
     /// The caller asked to stop (streaming callback returned false).
     Cancelled,
+    /// The text reached one of the request's stop strings.
+    Stop,
+}
+
+impl StopReason {
+    /// The name replies carry.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Eos => "eos",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+            Self::Stop => "stop",
+        }
+    }
 }
 
 /// Result and statistics of one generation.
@@ -46,6 +62,9 @@ pub struct Generation {
     pub compute_ratio: f64,
     /// Bytes of weights read per decode token.
     pub decode_weight_bytes: u64,
+    /// Seconds spent masking logits and advancing the grammar (structured
+    /// output; 0 without one).
+    pub grammar_s: f64,
     #[serde(skip)]
     pub token_ids: Vec<u32>,
 }
@@ -57,6 +76,10 @@ pub struct GenerateOptions {
     pub sampling: Sampling,
     /// Keep going past stop tokens (benchmarks decode a fixed count).
     pub ignore_eos: bool,
+    /// Text at which to stop ([`StopStrings`]); not part of the answer.
+    pub stop: Vec<String>,
+    /// Output constrained to a JSON schema or grammar.
+    pub grammar: Option<Grammar>,
 }
 
 /// Anything `eval` runs prompts through: our engine in any mode, or the
@@ -88,6 +111,7 @@ pub struct LoopOutput {
     pub ttft_s: f64,
     pub total_s: f64,
     pub compact_build_s: f64,
+    pub grammar_s: f64,
     pub stop_reason: StopReason,
 }
 
@@ -116,14 +140,16 @@ impl LoopOutput {
             compute_ratio,
             decode_weight_bytes,
             compact_build_s: self.compact_build_s,
+            grammar_s: self.grammar_s,
             token_ids: self.token_ids,
         }
     }
 }
 
-/// Sampling, stop tokens, streaming and timing around any model's `steps`:
-/// prefill, sample, then step token by token until a stop token,
-/// `max_new_tokens` or `on_text` returning false.
+/// Sampling, stop tokens and strings, the grammar, streaming and timing
+/// around any model's `steps`: prefill, sample, then step token by token
+/// until a stop token or string, the grammar's end, `max_new_tokens` or
+/// `on_text` returning false.
 pub fn decode_loop(
     codec: &TextCodec,
     prompt: &[u32],
@@ -133,15 +159,30 @@ pub fn decode_loop(
 ) -> Result<LoopOutput> {
     let mut sampler = opts.sampling.sampler();
     let mut stream = TextStream::new(codec);
+    let mut stops = (!opts.stop.is_empty())
+        .then(|| StopStrings::new(&opts.stop))
+        .transpose()?;
+    let mut constraint = match &opts.grammar {
+        Some(g) => Some(codec.grammars()?.compile(g)?),
+        None => None,
+    };
     let stop_ids = codec.stop_ids();
     let start = Instant::now();
     let mut logits = steps.prefill(prompt)?;
-    let mut compact_build_s = 0.0;
+    let (mut compact_build_s, mut grammar_s) = (0.0, 0.0);
     let mut generated = Vec::new();
     let mut first_token_at = None;
     let mut stop_reason = StopReason::Length;
     while generated.len() < opts.max_new_tokens {
-        let next = sampler.sample(&logits)?;
+        let next = match &mut constraint {
+            Some(c) => {
+                let t = Instant::now();
+                let masked = c.mask(&logits)?;
+                grammar_s += t.elapsed().as_secs_f64();
+                sampler.sample(&masked)?
+            }
+            None => sampler.sample(&logits)?,
+        };
         if first_token_at.is_none() {
             first_token_at = Some(start.elapsed().as_secs_f64());
         }
@@ -149,12 +190,33 @@ pub fn decode_loop(
             stop_reason = StopReason::Eos;
             break;
         }
+        if let Some(c) = &mut constraint {
+            let t = Instant::now();
+            c.accept(next)?;
+            grammar_s += t.elapsed().as_secs_f64();
+        }
         generated.push(next);
         if let Some(piece) = stream.push(next)? {
-            if !on_text(&piece) {
+            let (shown, hit) = match &mut stops {
+                Some(s) => s.push(&piece),
+                None => (piece, false),
+            };
+            if hit {
+                if !shown.is_empty() {
+                    on_text(&shown);
+                }
+                stop_reason = StopReason::Stop;
+                break;
+            }
+            if !shown.is_empty() && !on_text(&shown) {
                 stop_reason = StopReason::Cancelled;
                 break;
             }
+        }
+        if constraint.as_ref().is_some_and(|c| c.finished()) {
+            // Nothing but the end of the turn may follow.
+            stop_reason = StopReason::Eos;
+            break;
         }
         if generated.len() == opts.max_new_tokens {
             break;
@@ -165,13 +227,26 @@ pub fn decode_loop(
         }
         logits = steps.step(next)?;
     }
+    let text = match &mut stops {
+        Some(s) => {
+            if stop_reason != StopReason::Stop {
+                let rest = s.finish();
+                if !rest.is_empty() {
+                    on_text(&rest);
+                }
+            }
+            s.text().to_string()
+        }
+        None => stream.text()?,
+    };
     let total_s = start.elapsed().as_secs_f64();
     Ok(LoopOutput {
-        text: stream.text()?,
+        text,
         token_ids: generated,
         ttft_s: first_token_at.unwrap_or(total_s),
         total_s,
         compact_build_s,
+        grammar_s,
         stop_reason,
     })
 }

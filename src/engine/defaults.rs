@@ -105,6 +105,13 @@ pub const MODELS_DIR: &str = "models";
 
 /// Node only: requests waiting at most; more are rejected.
 pub const QUEUE_DEPTH: usize = 8;
+
+/// Node only: the system turn of conversations that bring none; empty = the
+/// chat template's own default (SmolLM2's and Qwen's name themselves).
+pub const SYSTEM_PROMPT: &str = "";
+
+/// Compute threads; 0 = one per core (or `RAYON_NUM_THREADS`).
+pub const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.
 pub const INSTRUCTION_TOPIC: &str = "~/instructions";
 /// Node only: seconds between `/diagnostics` messages.
@@ -185,6 +192,8 @@ impl Default for GenerateOptions {
             max_new_tokens: CLI.max_new_tokens,
             sampling: Sampling::default(),
             ignore_eos: false,
+            stop: Vec::new(),
+            grammar: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! arrangement of the chosen rows, then decode on them.
 
 use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
-use super::text::TextCodec;
+use super::text::{Message, TextCodec};
 use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
@@ -399,6 +399,19 @@ impl Engine {
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         let ids = self.codec.chat_prompt_ids(prompt)?;
+        self.generate_ids(&ids, opts, on_text)
+    }
+
+    /// Generates the assistant's next turn of a conversation (see
+    /// [`crate::engine::text::conversation`]), rendered with the model's
+    /// chat template.
+    pub fn generate_turns(
+        &mut self,
+        turns: &[Message],
+        opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        let ids = self.codec.chat_ids(turns)?;
         self.generate_ids(&ids, opts, on_text)
     }
 

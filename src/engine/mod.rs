@@ -1,13 +1,16 @@
 //! The engine (layer 4): the one loader ([`spec`], with every default in
 //! [`defaults`]), our engine ([`generate`]: prefill + selection + decode on
 //! the chosen rows), the decode loop any engine shares ([`decode`]),
-//! sampling and the tokenizer/chat-template side ([`text`]).
+//! sampling, the tokenizer/chat-template side ([`text`]), stop strings
+//! ([`stops`]) and structured output ([`grammar`]).
 
 pub mod decode;
 pub mod defaults;
 pub mod generate;
+pub mod grammar;
 pub mod sampling;
 pub mod spec;
+pub mod stops;
 pub mod text;
 
 pub use decode::{GenerateOptions, Generation, Generator, StopReason};

@@ -1,9 +1,12 @@
-//! Text side of a checkpoint: the tokenizer, the model's chat template and
-//! incremental detokenization for streaming.
+//! Text side of a checkpoint: the tokenizer, the model's chat template (and
+//! the conversations requests may bring), the grammar compiler of
+//! structured output, and incremental detokenization for streaming.
 
+use super::grammar::Grammars;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use tokenizers::Tokenizer;
 
 #[derive(Debug, Default, Deserialize)]
@@ -15,19 +18,76 @@ struct TokenizerConfig {
 }
 
 /// One chat message.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Roles a conversation may hold.
+pub const ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+/// The conversation a request asks for: `system_prompt` (when not empty and
+/// the messages bring no system turn of their own), then `messages`, then
+/// `prompt` as the last user turn (when not empty). Refused with the reason:
+/// no turn at all, an unknown role, an empty turn, a system turn anywhere
+/// but first, or a conversation that does not end with the user's turn.
+pub fn conversation(
+    system_prompt: &str,
+    messages: &[Message],
+    prompt: &str,
+) -> Result<Vec<Message>> {
+    let mut turns = Vec::with_capacity(messages.len() + 2);
+    let own_system = messages.first().is_some_and(|m| m.role == "system");
+    if !own_system && !system_prompt.trim().is_empty() {
+        turns.push(Message::new("system", system_prompt));
+    }
+    turns.extend(messages.iter().cloned());
+    if !prompt.trim().is_empty() {
+        turns.push(Message::new("user", prompt));
+    }
+    if messages.is_empty() && prompt.trim().is_empty() {
+        bail!("the prompt is empty (give a prompt or messages)");
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            bail!(
+                "message {i} has role `{}`; roles are {}",
+                m.role,
+                ROLES.join(", ")
+            );
+        }
+        if m.role == "system" && i > 0 {
+            bail!("message {i}: a system turn may only come first");
+        }
+        if m.content.trim().is_empty() {
+            bail!("message {i} ({}) is empty", m.role);
+        }
+    }
+    match turns.last() {
+        Some(m) if m.role == "user" => Ok(turns),
+        _ => bail!("the conversation must end with a user turn (the prompt, or a last message of role user)"),
+    }
 }
 
 /// Tokenizer plus chat template of one model folder. Cheap to clone (the
 /// tokenizer is shared).
 #[derive(Clone)]
 pub struct TextCodec {
-    tokenizer: std::sync::Arc<Tokenizer>,
+    tokenizer: Arc<Tokenizer>,
     chat_template: Option<String>,
     stop_ids: Vec<u32>,
+    dir: PathBuf,
+    grammars: Arc<OnceLock<Result<Arc<Grammars>, String>>>,
 }
 
 /// Tokens that end an assistant turn in ChatML-style models.
@@ -69,9 +129,11 @@ impl TextCodec {
         stop_ids.sort_unstable();
         stop_ids.dedup();
         Ok(Self {
-            tokenizer: std::sync::Arc::new(tokenizer),
+            tokenizer: Arc::new(tokenizer),
             chat_template: cfg.chat_template,
             stop_ids,
+            dir: dir.to_path_buf(),
+            grammars: Arc::default(),
         })
     }
 
@@ -143,11 +205,32 @@ impl TextCodec {
         if prompt.trim().is_empty() {
             bail!("the prompt is empty");
         }
-        let text = self.render_chat(&[Message {
-            role: "user".into(),
-            content: prompt.into(),
-        }])?;
-        self.encode(&text)
+        self.chat_ids(&[Message::new("user", prompt)])
+    }
+
+    /// Renders a conversation ([`conversation`]) and tokenizes it.
+    pub fn chat_ids(&self, turns: &[Message]) -> Result<Vec<u32>> {
+        self.encode(&self.render_chat(turns)?)
+    }
+
+    /// The grammar compiler of this model (built on first use, shared by
+    /// clones): the token trie of `tokenizer.json`, padded to the model's
+    /// `vocab_size` logits.
+    pub fn grammars(&self) -> Result<Arc<Grammars>> {
+        let built = self.grammars.get_or_init(|| {
+            let vocab = crate::model::Config::from_file(&self.dir.join("config.json"))
+                .map(|c| c.vocab_size)
+                .unwrap_or_else(|_| self.tokenizer.get_vocab_size(true));
+            Grammars::new(
+                self.tokenizer.clone(),
+                &self.dir.join("tokenizer.json"),
+                vocab.max(self.tokenizer.get_vocab_size(true)),
+                &self.stop_ids,
+            )
+            .map(Arc::new)
+            .map_err(|e| format!("{e:#}"))
+        });
+        built.clone().map_err(|e| anyhow::anyhow!(e))
     }
 }
 
@@ -197,5 +280,44 @@ impl<'a> TextStream<'a> {
     /// The whole text so far.
     pub fn text(&self) -> Result<String> {
         self.codec.decode(&self.ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles(turns: &[Message]) -> Vec<&str> {
+        turns.iter().map(|m| m.role.as_str()).collect()
+    }
+
+    #[test]
+    fn a_conversation_takes_the_system_prompt_unless_it_brings_its_own() {
+        let t = conversation("be brief", &[], "hi").unwrap();
+        assert_eq!(roles(&t), ["system", "user"]);
+        assert_eq!(t[0].content, "be brief");
+        let history = [
+            Message::new("user", "where is the dock?"),
+            Message::new("assistant", "in the lab"),
+        ];
+        let t = conversation("", &history, "go there").unwrap();
+        assert_eq!(roles(&t), ["user", "assistant", "user"]);
+        let own = [Message::new("system", "mine"), Message::new("user", "q")];
+        let t = conversation("node's", &own, "").unwrap();
+        assert_eq!(roles(&t), ["system", "user"]);
+        assert_eq!(t[0].content, "mine");
+    }
+
+    #[test]
+    fn bad_conversations_are_refused_with_the_reason() {
+        let err =
+            |sys: &str, m: &[Message], p: &str| conversation(sys, m, p).unwrap_err().to_string();
+        assert!(err("sys", &[], " ").contains("empty"));
+        assert!(err("", &[Message::new("robot", "x")], "q").contains("role `robot`"));
+        let late_system = [Message::new("user", "a"), Message::new("system", "b")];
+        assert!(err("", &late_system, "q").contains("only come first"));
+        assert!(err("", &[Message::new("user", "")], "q").contains("message 0 (user) is empty"));
+        let ends_with_assistant = [Message::new("user", "a"), Message::new("assistant", "b")];
+        assert!(err("", &ends_with_assistant, "").contains("end with a user turn"));
     }
 }

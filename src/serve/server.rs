@@ -8,8 +8,11 @@
 //! ([`EngineSpec::swap_task`]: only the neurons the new plan adds are read).
 //! No ROS in here.
 
+use crate::engine::grammar::Grammar;
 use crate::engine::spec::EngineSpec;
-use crate::engine::{Engine, GenerateOptions, Sampling, StopReason};
+use crate::engine::stops::StopStrings;
+use crate::engine::text::{conversation, Message, TextCodec};
+use crate::engine::{Engine, GenerateOptions, Sampling};
 use crate::method::Mode;
 use crate::method::SelectionParams;
 use crate::sys::memory;
@@ -26,7 +29,16 @@ use std::time::Instant;
 #[derive(Debug, Clone, Default)]
 pub struct Request {
     pub id: String,
+    /// The last user turn (may be empty when `messages` ends with one).
     pub prompt: String,
+    /// Earlier turns of the conversation (role + content), before `prompt`.
+    pub messages: Vec<Message>,
+    /// Strings at which the answer ends (not part of it).
+    pub stop: Vec<String>,
+    /// A JSON schema the answer must validate under (empty = none).
+    pub json_schema: String,
+    /// A Lark grammar the answer must parse under (empty = none).
+    pub grammar: String,
     /// `""` = the server's task when the request is accepted; otherwise one
     /// of [`Server::tasks`].
     pub task: String,
@@ -107,6 +119,9 @@ pub struct RuntimeSettings {
     pub token_ratio: f64,
     /// The task of requests that name none.
     pub task: String,
+    /// The system turn of every conversation that brings none (empty =
+    /// the model's template default).
+    pub system_prompt: String,
 }
 
 /// Counters published as node statistics.
@@ -203,6 +218,7 @@ pub struct Server {
     capacity: usize,
     limits: Limits,
     mode: Mode,
+    codec: TextCodec,
     shutting_down: Arc<AtomicBool>,
 }
 
@@ -257,6 +273,7 @@ impl Server {
             cancelled: AtomicU64::new(0),
             last_tokens_per_s: Mutex::new(0.0),
         });
+        let codec = engine.codec.clone();
         let shutting_down = Arc::new(AtomicBool::new(false));
         let worker = {
             let shared = shared.clone();
@@ -272,6 +289,7 @@ impl Server {
             capacity: config.queue_depth,
             limits,
             mode: spec.mode,
+            codec,
             shutting_down,
         })
     }
@@ -303,8 +321,10 @@ impl Server {
     /// Checks what can be checked without the model; the worker checks the
     /// prompt's length against the context.
     fn check_request(&self, r: &Request) -> Result<()> {
-        if r.prompt.trim().is_empty() {
-            bail!("the prompt is empty");
+        conversation("", &r.messages, &r.prompt)?;
+        StopStrings::check(&r.stop)?;
+        if let Some(g) = Grammar::of_fields(&r.json_schema, &r.grammar)? {
+            self.codec.grammars()?.compile(&g)?;
         }
         if !r.task.is_empty() {
             known_task(&r.task, &self.limits.tasks)?;
@@ -598,10 +618,13 @@ fn run_request(
             seed: r.seed.map_or(settings.sampling.seed, |s| s as u64),
         },
         ignore_eos: false,
+        stop: r.stop.clone(),
+        grammar: Grammar::of_fields(&r.json_schema, &r.grammar)?,
     };
+    let turns = conversation(&settings.system_prompt, &r.messages, &r.prompt)?;
     let mut index = 0usize;
     let mut streamed = String::new();
-    let g = engine.generate_chat(&r.prompt, &opts, |piece| {
+    let g = engine.generate_turns(&turns, &opts, |piece| {
         on_token(index, piece);
         streamed.push_str(piece);
         index += 1;
@@ -630,11 +653,6 @@ fn run_request(
         tokens_per_s: g.decode_tokens_per_s,
         compute_ratio: g.compute_ratio,
         task: r.task.clone(),
-        stop_reason: match g.stop_reason {
-            StopReason::Eos => "eos",
-            StopReason::Length => "length",
-            StopReason::Cancelled => "cancelled",
-        }
-        .into(),
+        stop_reason: g.stop_reason.name().into(),
     })
 }

@@ -16,6 +16,10 @@ use std::path::PathBuf;
     about = "Selective neuron loading and computation for LLMs on small hardware"
 )]
 pub struct Cli {
+    /// Threads for decode and prefill (default: one per core, or
+    /// RAYON_NUM_THREADS); leave cores to the robot's other nodes.
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -49,6 +53,15 @@ pub enum Command {
         top_p: f64,
         #[arg(long, default_value_t = CLI.seed)]
         seed: u64,
+        /// System turn before the prompt (default: the chat template's).
+        #[arg(long, default_value = "")]
+        system: String,
+        /// Stop at this text (not printed); repeat for several.
+        #[arg(long)]
+        stop: Vec<String>,
+        /// JSON schema file: the answer is JSON valid under it.
+        #[arg(long)]
+        json_schema: Option<PathBuf>,
         /// Print one JSON object with the text and statistics instead of streaming text.
         #[arg(long)]
         json: bool,

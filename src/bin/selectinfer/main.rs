@@ -8,6 +8,8 @@ mod cli;
 use anyhow::{bail, Result};
 use clap::Parser;
 use cli::{Cli, Command};
+use selectinfer::engine::grammar::Grammar;
+use selectinfer::engine::text::conversation;
 use selectinfer::engine::{EngineSpec, GenerateOptions, Generator, Sampling};
 use selectinfer::method::Mode;
 use selectinfer::sys::device::Quant;
@@ -17,6 +19,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 fn run(cli: Cli) -> Result<()> {
+    if let Some(n) = cli.threads {
+        selectinfer::sys::threads::set(n)?;
+    }
     match cli.command {
         Command::PrepareModel { name, dir, dtype } => {
             println!("{}", prepare::prepare_model(&name, &dir, dtype)?.display());
@@ -28,6 +33,9 @@ fn run(cli: Cli) -> Result<()> {
             temperature,
             top_p,
             seed,
+            system,
+            stop,
+            json_schema,
             json,
         } => {
             let sampling = Sampling {
@@ -36,13 +44,23 @@ fn run(cli: Cli) -> Result<()> {
                 seed,
             };
             sampling.validate()?;
+            let grammar = match json_schema {
+                Some(path) => Some(Grammar::JsonSchema(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?,
+                )),
+                None => None,
+            };
             let opts = GenerateOptions {
                 max_new_tokens,
                 sampling,
-                ignore_eos: false,
+                stop,
+                grammar,
+                ..Default::default()
             };
+            let turns = conversation(&system, &[], &prompt)?;
             let mut engine = model.spec().load()?;
-            let out = engine.generate_chat(&prompt, &opts, |piece| {
+            let out = engine.generate_turns(&turns, &opts, |piece| {
                 if !json {
                     print!("{piece}");
                     let _ = std::io::stdout().flush();

@@ -80,17 +80,28 @@ pub(super) fn service_response(r: &Reply) -> Generate::Response {
 /// A [`Request`] from any interface message with the request fields
 /// (Prompt, the service request, the action goal).
 macro_rules! request_of {
-    ($m:expr) => {
-        $crate::serve::node::messages::request(
-            &$m.request_id,
-            &$m.prompt,
-            &$m.task,
-            $m.max_new_tokens,
-            $m.temperature,
-            $m.top_p,
-            $m.seed,
-        )
-    };
+    ($m:expr) => {{
+        let m = &$m;
+        $crate::serve::server::Request {
+            messages: m
+                .messages
+                .iter()
+                .map(|t| $crate::engine::text::Message::new(&t.role, &t.content))
+                .collect(),
+            stop: m.stop.clone(),
+            json_schema: m.json_schema.clone(),
+            grammar: m.grammar.clone(),
+            ..$crate::serve::node::messages::request(
+                &m.request_id,
+                &m.prompt,
+                &m.task,
+                m.max_new_tokens,
+                m.temperature,
+                m.top_p,
+                m.seed,
+            )
+        }
+    }};
 }
 
 /// Request fields as the interfaces carry them (negative = node default);
@@ -118,6 +129,7 @@ pub(super) fn request(
         temperature: (temperature >= 0.0 || temperature.is_nan()).then_some(temperature as f64),
         top_p: (top_p >= 0.0 || top_p.is_nan()).then_some(top_p as f64),
         seed: (seed >= 0).then_some(seed),
+        ..Request::default()
     }
 }
 

@@ -132,6 +132,9 @@ fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Server>)> {
         let overrides = node.params.lock().unwrap();
         NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
     };
+    if params.threads > 0 {
+        crate::sys::threads::set(params.threads).context("parameter threads")?;
+    }
     log::info!("loading: {}", params.summary());
     let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
     log::info!(

@@ -84,6 +84,14 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ("top_p", "default nucleus mass (runtime)"),
     ("seed", "default sampling seed (runtime)"),
     (
+        "system_prompt",
+        "system turn of every conversation that brings none; empty = the chat template's default (runtime)",
+    ),
+    (
+        "threads",
+        "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
+    ),
+    (
         "queue_depth",
         "requests waiting at most; more are rejected (load-time)",
     ),
@@ -105,6 +113,7 @@ const RUNTIME: &[&str] = &[
     "temperature",
     "top_p",
     "seed",
+    "system_prompt",
 ];
 
 /// All node parameters, typed.
@@ -117,6 +126,8 @@ pub struct NodeParams {
     pub queue_depth: usize,
     pub instruction_topic: String,
     pub diagnostics_period_s: f64,
+    /// Compute threads (0 = one per core).
+    pub threads: usize,
 }
 
 impl Default for NodeParams {
@@ -133,10 +144,12 @@ impl Default for NodeParams {
                 compute_ratio: d.compute_ratio,
                 token_ratio: d.token_ratio,
                 task: d.task.into(),
+                system_prompt: defaults::SYSTEM_PROMPT.into(),
             },
             queue_depth: defaults::QUEUE_DEPTH,
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
             diagnostics_period_s: defaults::DIAGNOSTICS_PERIOD_S,
+            threads: defaults::THREADS,
         }
     }
 }
@@ -284,6 +297,8 @@ impl NodeParams {
                 }
                 self.runtime.sampling.seed = s as u64;
             }
+            "system_prompt" => self.runtime.system_prompt = string(name, v)?,
+            "threads" => self.threads = non_negative(name, v)?.unwrap_or(0) as usize,
             "queue_depth" => self.queue_depth = positive_usize(name, v)?,
             "instruction_topic" => self.instruction_topic = string(name, v)?,
             "diagnostics_period_s" => {
@@ -337,6 +352,8 @@ impl NodeParams {
             "temperature" => ParameterValue::Double(r.sampling.temperature),
             "top_p" => ParameterValue::Double(r.sampling.top_p),
             "seed" => ParameterValue::Integer(r.sampling.seed as i64),
+            "system_prompt" => ParameterValue::String(r.system_prompt.clone()),
+            "threads" => ParameterValue::Integer(self.threads as i64),
             "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
             "diagnostics_period_s" => ParameterValue::Double(self.diagnostics_period_s),

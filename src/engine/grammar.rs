@@ -1,0 +1,172 @@
+//! Structured output: a JSON schema or a Lark grammar constrains decoding so
+//! that the text always parses (llguidance, the constrained decoding of
+//! llama.cpp and vLLM). The token trie is built once per model, from
+//! `tokenizer.json` and our tokenizer; each request compiles its grammar
+//! into a [`Constraint`] that masks the logits before every sample.
+//!
+//! llguidance's own bridge (`toktrie_hf_tokenizers`) pins an older
+//! `tokenizers` and would hold a second copy of the vocabulary: the few
+//! lines of [`Vocab`] reuse ours.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use std::path::Path;
+use std::sync::Arc;
+use tokenizers::Tokenizer;
+use toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+
+/// What a request constrains its output to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grammar {
+    /// A JSON schema (its text): the output is one JSON value valid under it.
+    JsonSchema(String),
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+}
+
+impl Grammar {
+    /// The grammar of a request's `json_schema` and `grammar` fields (empty
+    /// = unset; both set is refused).
+    pub fn of_fields(json_schema: &str, lark: &str) -> Result<Option<Self>> {
+        match (json_schema.trim().is_empty(), lark.trim().is_empty()) {
+            (true, true) => Ok(None),
+            (false, true) => Ok(Some(Self::JsonSchema(json_schema.into()))),
+            (true, false) => Ok(Some(Self::Lark(lark.into()))),
+            (false, false) => bail!("give json_schema or grammar, not both"),
+        }
+    }
+}
+
+/// The vocabulary as llguidance sees it: token bytes in a trie, and our
+/// tokenizer for the text it needs tokenized.
+struct Vocab {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for Vocab {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            self.tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// Compiles requests' grammars for one model.
+pub struct Grammars {
+    factory: ParserFactory,
+}
+
+impl Grammars {
+    /// The trie of `tokenizer_json` (the file `tokenizer` was read from),
+    /// padded to the model's `n_vocab` logits; `eos`: the ids that end a
+    /// turn (allowed once the grammar is complete).
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        tokenizer_json: &Path,
+        n_vocab: usize,
+        eos: &[u32],
+    ) -> Result<Self> {
+        let what = || {
+            format!(
+                "building the grammar vocabulary from {}",
+                tokenizer_json.display()
+            )
+        };
+        let text = std::fs::read_to_string(tokenizer_json).with_context(what)?;
+        let json: serde_json::Value = serde_json::from_str(&text).with_context(what)?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json).with_context(what)?;
+        if words.len() > n_vocab {
+            bail!(
+                "{}: {} tokens for a model of {n_vocab} logits",
+                tokenizer_json.display(),
+                words.len()
+            );
+        }
+        // Logits past the tokenizer's ids: special tokens nothing matches.
+        while words.len() < n_vocab {
+            let mut name = format!(".<[{}]>", words.len()).into_bytes();
+            name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+            words.push(name);
+        }
+        let Some(&first) = eos.first() else {
+            bail!("the model has no end-of-turn token to end a constrained answer with");
+        };
+        let info = TokRxInfo::new(n_vocab as u32, first);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let env: toktrie::TokEnv = Arc::new(Vocab { trie, tokenizer });
+        let mut factory = ParserFactory::new_simple(&env).with_context(what)?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// The constraint of `grammar`, or why it cannot be one (an invalid
+    /// schema is refused here, before any token is generated).
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let top = match grammar {
+            Grammar::JsonSchema(s) => {
+                let schema: serde_json::Value =
+                    serde_json::from_str(s).context("json_schema is not JSON")?;
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        };
+        let what = match grammar {
+            Grammar::JsonSchema(_) => "json_schema",
+            Grammar::Lark(_) => "grammar",
+        };
+        let parser = self
+            .factory
+            .create_parser(top)
+            .with_context(|| format!("{what} is not a grammar llguidance accepts"))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            bail!("{what}: {e}");
+        }
+        Ok(Constraint { matcher })
+    }
+}
+
+/// One request's grammar state: which tokens may come next.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// `logits` with every token the grammar forbids at `-inf`.
+    pub fn mask(&mut self, logits: &Tensor) -> Result<Tensor> {
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| anyhow::anyhow!("the grammar failed: {e}"))?;
+        let mut v = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+        let n = v.len();
+        allowed.iter_unset_entries(|t| {
+            if t < n {
+                v[t] = f32::NEG_INFINITY;
+            }
+        });
+        Ok(Tensor::from_vec(v, logits.dims(), logits.device())?)
+    }
+
+    /// Advances over the sampled `token` (one the mask allowed).
+    pub fn accept(&mut self, token: u32) -> Result<()> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| anyhow::anyhow!("the grammar refused token {token}: {e}"))
+    }
+
+    /// Whether the grammar admits nothing more (the answer is complete).
+    pub fn finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
