@@ -11,7 +11,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use std::path::Path;
 use std::sync::Arc;
 use tokenizers::Tokenizer;
@@ -114,8 +114,20 @@ impl Grammars {
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
         let top = match grammar {
             Grammar::JsonSchema(s) => {
-                let schema: serde_json::Value =
+                let mut schema: serde_json::Value =
                     serde_json::from_str(s).context("json_schema is not JSON")?;
+                // One line, `{"a": 1, "b": 2}`: with free whitespace a small
+                // model may emit newlines until the token limit. A schema's
+                // own `x-guidance` options win.
+                if schema.is_object() && schema.get("x-guidance").is_none() {
+                    JsonCompileOptions {
+                        item_separator: ", ".into(),
+                        key_separator: ": ".into(),
+                        whitespace_flexible: false,
+                        ..Default::default()
+                    }
+                    .apply_to(&mut schema);
+                }
                 TopLevelGrammar::from_json_schema(schema)
             }
             Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),

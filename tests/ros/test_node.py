@@ -288,6 +288,8 @@ def test_startup_refuses_bad_configuration(tmp_path):
     assert code == 2 and "memory_budget_mb must be >= 0" in log, log
     code, log = _startup_fails(tmp_path, "memory_budget_mb:=60")
     assert code == 2 and "memory budget 60 MiB is below the floor of" in log, log
+    code, log = _startup_fails(tmp_path, "threads:=-2")
+    assert code == 2 and "threads must be >= 0" in log, log
     code, log = _startup_fails(tmp_path, "no_such_parameter:=1")
     assert code == 2 and "unknown parameter" in log, log
     assert "panicked" not in log

@@ -138,9 +138,10 @@ fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Server>)> {
     log::info!("loading: {}", params.summary());
     let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
     log::info!(
-        "ready: {} tasks ({}), peak RSS {:.0} MiB",
+        "ready: {} tasks ({}), {} compute threads, peak RSS {:.0} MiB",
         server.mode().name(),
         server.tasks().join(", "),
+        crate::sys::threads::current(),
         crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
     );
     Ok((params, server))
