@@ -214,20 +214,26 @@ impl TextCodec {
     }
 
     /// The grammar compiler of this model (built on first use, shared by
-    /// clones): the token trie of `tokenizer.json`, padded to the model's
-    /// `vocab_size` logits.
+    /// clones): the tokenizer's trie, padded to the model's `vocab_size`
+    /// logits.
     pub fn grammars(&self) -> Result<Arc<Grammars>> {
         let built = self.grammars.get_or_init(|| {
+            let t = std::time::Instant::now();
             let vocab = crate::model::Config::from_file(&self.dir.join("config.json"))
                 .map(|c| c.vocab_size)
                 .unwrap_or_else(|_| self.tokenizer.get_vocab_size(true));
             Grammars::new(
                 self.tokenizer.clone(),
-                &self.dir.join("tokenizer.json"),
                 vocab.max(self.tokenizer.get_vocab_size(true)),
                 &self.stop_ids,
             )
-            .map(Arc::new)
+            .map(|g| {
+                log::info!(
+                    "grammar vocabulary ({vocab} tokens) built in {:.2} s",
+                    t.elapsed().as_secs_f64()
+                );
+                Arc::new(g)
+            })
             .map_err(|e| format!("{e:#}"))
         });
         built.clone().map_err(|e| anyhow::anyhow!(e))
