@@ -32,6 +32,7 @@ fn config(mode: Mode, queue_depth: usize) -> ServerConfig {
             token_ratio: engine.params.token_ratio,
             task: engine.params.task.clone(),
             system_prompt: String::new(),
+            prefix_cache: true,
         },
         engine,
         queue_depth,

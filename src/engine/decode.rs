@@ -65,6 +65,8 @@ pub struct Generation {
     /// Seconds spent masking logits and advancing the grammar (structured
     /// output; 0 without one).
     pub grammar_s: f64,
+    /// Prompt tokens taken from the prefix cache (not prefilled again).
+    pub cached_prompt_tokens: usize,
     #[serde(skip)]
     pub token_ids: Vec<u32>,
 }
@@ -141,6 +143,7 @@ impl LoopOutput {
             decode_weight_bytes,
             compact_build_s: self.compact_build_s,
             grammar_s: self.grammar_s,
+            cached_prompt_tokens: 0,
             token_ids: self.token_ids,
         }
     }

@@ -110,6 +110,9 @@ pub const QUEUE_DEPTH: usize = 8;
 /// chat template's own default (SmolLM2's and Qwen's name themselves).
 pub const SYSTEM_PROMPT: &str = "";
 
+/// Reuse the last prompt's cache for a prompt that starts the same.
+pub const PREFIX_CACHE: bool = true;
+
 /// Compute threads; 0 = one per core (or `RAYON_NUM_THREADS`).
 pub const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.

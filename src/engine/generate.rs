@@ -3,6 +3,7 @@
 //! arrangement of the chosen rows, then decode on them.
 
 use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
+use super::prefix::{PrefixCache, Reuse, Snapshot};
 use super::text::{Message, TextCodec};
 use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
@@ -22,6 +23,10 @@ pub struct Engine {
     selectors: Option<Vec<Option<LayerSelector>>>,
     /// The plan a memory budget gave the load, if one was set.
     pub memory_plan: Option<MemoryPlan>,
+    /// Reuse the last prompt's cache for a prompt that starts the same
+    /// ([`crate::engine::prefix`]); on by default.
+    pub prefix_cache: bool,
+    prefix: Option<PrefixCache>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -71,6 +76,8 @@ impl Engine {
             method,
             selectors,
             memory_plan: None,
+            prefix_cache: crate::engine::defaults::PREFIX_CACHE,
+            prefix: None,
         })
     }
 
@@ -114,6 +121,8 @@ impl Engine {
         };
         let mut method = method.clone();
         method.params = change(&method.params)?;
+        // Cached statistics were counted under the old α.
+        self.prefix = None;
         let mlps: Vec<&Mlp> = self.model.blocks.iter().map(|b| &b.mlp).collect();
         self.selectors = method.selector(&mlps, self.model.config().intermediate_size)?;
         self.method = Some(method);
@@ -133,6 +142,8 @@ impl Engine {
                 method.mode.name()
             );
         }
+        // The cached keys and values were computed on the old neurons.
+        self.prefix = None;
         let read = match &method.plan {
             Some(_) => self.model.swap_ffn(&method.ffn_rows())?,
             None => 0,
@@ -146,25 +157,78 @@ impl Engine {
     /// Runs the prompt; for selective modes also picks each layer's neurons
     /// (rows of the loaded MLP) from the prompt's activations.
     fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<(Tensor, Option<Chosen>)> {
+        let (logits, chosen, _) = self.prefill_from(prompt, cache, None, &[])?;
+        Ok((logits, chosen))
+    }
+
+    /// [`Engine::prefill`] of the prompt's tokens after the `cache.len()`
+    /// already cached, whose statistics `base` holds (selective modes);
+    /// also returns the statistics at each of `checkpoints` (prompt
+    /// positions past the cached ones, ascending).
+    fn prefill_from(
+        &self,
+        prompt: &[u32],
+        cache: &mut KvCache,
+        base: Option<Vec<PromptCounts>>,
+        checkpoints: &[usize],
+    ) -> Result<(Tensor, Option<Chosen>, Vec<Snapshot>)> {
+        let start = cache.len();
         let Some(selectors) = &self.selectors else {
-            return Ok((self.model.forward(prompt, cache)?, None));
+            return Ok((
+                self.model.forward(&prompt[start..], cache)?,
+                None,
+                Vec::new(),
+            ));
         };
-        let mut counts = vec![PromptCounts::default(); selectors.len()];
+        let layers = selectors.len();
+        let mut counts = base.unwrap_or_else(|| vec![PromptCounts::default(); layers]);
+        // A checkpoint at the reused prefix's end keeps its statistics, so
+        // the next request can reuse the same prefix again.
+        let mut snapshots: Vec<Snapshot> = checkpoints
+            .iter()
+            .filter(|&&at| at > 0 && at >= start && at <= prompt.len())
+            .map(|&at| Snapshot {
+                at,
+                counts: match at == start {
+                    true => counts.clone(),
+                    false => vec![PromptCounts::default(); layers],
+                },
+            })
+            .collect();
+        let mut pos = vec![start; layers];
         let blocks = &self.model.blocks;
-        // Called once per layer and prefill chunk: counts add up over chunks.
+        // Called once per layer and prefill chunk: counts add up over
+        // chunks, and a chunk is split at the checkpoints inside it.
         let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
-            if let Some(sel) = &selectors[layer] {
-                counts[layer].add(sel.counts(&blocks[layer].mlp.to_canonical(a)?)?)?;
+            let rows = a.dim(1)?;
+            let (p0, mut done) = (pos[layer], 0);
+            pos[layer] += rows;
+            let Some(sel) = &selectors[layer] else {
+                return Ok(());
+            };
+            let a = blocks[layer].mlp.to_canonical(a)?;
+            for snap in snapshots.iter_mut() {
+                if snap.at > p0 + done && snap.at <= p0 + rows {
+                    let upto = snap.at - p0;
+                    counts[layer].add(sel.counts(&a.narrow(1, done, upto - done)?)?)?;
+                    done = upto;
+                    snap.counts[layer] = counts[layer].clone();
+                }
+            }
+            if done < rows {
+                counts[layer].add(sel.counts(&a.narrow(1, done, rows - done)?)?)?;
             }
             Ok(())
         };
-        let logits = self.model.forward_observed(prompt, cache, &mut observe)?;
+        let logits = self
+            .model
+            .forward_observed(&prompt[start..], cache, &mut observe)?;
         let chosen: Chosen = selectors
             .iter()
             .zip(&counts)
             .map(|(sel, c)| sel.as_ref().map(|s| s.pick(c)).transpose())
             .collect::<Result<_>>()?;
-        Ok((logits, Some(chosen)))
+        Ok((logits, Some(chosen), snapshots))
     }
 
     /// Contiguous weights of the chosen rows, built once per prompt: each
@@ -412,7 +476,13 @@ impl Engine {
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         let ids = self.codec.chat_ids(turns)?;
-        self.generate_ids(&ids, opts, on_text)
+        // Where turns start: what the next request of the same conversation
+        // (or with the same system prompt) shares.
+        let starts = match self.prefix_cache {
+            true => Some(self.codec.turn_starts(turns, &ids)),
+            false => None,
+        };
+        self.generate_at(&ids, starts.as_deref(), opts, on_text)
     }
 
     /// Generates from prompt token ids. `on_text` receives each completed
@@ -421,6 +491,19 @@ impl Engine {
         &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        self.generate_at(prompt, None, opts, on_text)
+    }
+
+    /// [`Engine::generate_ids`]; with `checkpoints` (prompt positions to
+    /// keep selection statistics at) through the prefix cache. Benchmarks
+    /// and evaluations go without: every prompt is prefilled whole.
+    fn generate_at(
+        &mut self,
+        prompt: &[u32],
+        checkpoints: Option<&[usize]>,
+        opts: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         if prompt.is_empty() {
@@ -428,17 +511,54 @@ impl Engine {
         }
         self.validate(prompt.len(), opts)?;
         let codec = self.codec.clone();
+        let selective = self.selectors.is_some();
+        let reuse = match (checkpoints, self.prefix.take()) {
+            (Some(_), Some(p)) => p.reuse(prompt, selective),
+            (None, p) => {
+                self.prefix = p;
+                Reuse {
+                    tokens: 0,
+                    cache: self.model.new_cache(),
+                    counts: None,
+                    earlier: Vec::new(),
+                }
+            }
+            _ => Reuse {
+                tokens: 0,
+                cache: self.model.new_cache(),
+                counts: None,
+                earlier: Vec::new(),
+            },
+        };
+        let cached = reuse.tokens;
+        let keep = checkpoints.is_some();
+        let mut checkpoints = checkpoints.unwrap_or_default().to_vec();
+        checkpoints.push(prompt.len());
         let mut steps = EngineSteps {
-            cache: self.model.new_cache(),
+            cache: reuse.cache,
+            base: reuse.counts,
+            checkpoints,
+            snapshots: Vec::new(),
             engine: self,
             chosen: None,
             compact: None,
         };
         let out = decode_loop(&codec, prompt, opts, &mut steps, &mut on_text)?;
         let chosen = steps.chosen.take();
+        let (cache, mut snapshots) = (steps.cache, reuse.earlier);
+        snapshots.extend(steps.snapshots);
+        if keep {
+            self.prefix = Some(PrefixCache {
+                tokens: prompt.to_vec(),
+                cache,
+                snapshots,
+            });
+        }
         let (compute_ratio, decode_weight_bytes) =
             self.decode_cost(chosen.as_ref(), self.gate_keep());
-        Ok(out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes))
+        let mut g = out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes);
+        g.cached_prompt_tokens = cached;
+        Ok(g)
     }
 }
 
@@ -457,7 +577,13 @@ impl Generator for Engine {
 /// Our engine's steps: selection at prefill, compact weights after the first token.
 struct EngineSteps<'a> {
     engine: &'a mut Engine,
+    /// Holds the reused prefix's positions at the start.
     cache: KvCache,
+    /// The reused prefix's selection statistics.
+    base: Option<Vec<PromptCounts>>,
+    /// Prompt positions to keep statistics at, and what prefill kept.
+    checkpoints: Vec<usize>,
+    snapshots: Vec<Snapshot>,
     chosen: Option<Chosen>,
     compact: Option<DecodeMlps>,
 }
@@ -465,10 +591,13 @@ struct EngineSteps<'a> {
 impl Steps for EngineSteps<'_> {
     fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor> {
         let (engine, cache) = (&*self.engine, &mut self.cache);
+        let (base, checkpoints) = (self.base.take(), &self.checkpoints);
         // On a rayon worker: candle's prefill matmuls split over rayon's
         // threads, and this one then works on them instead of sleeping.
-        let (logits, chosen) = rayon::scope(|_| engine.prefill(prompt, cache))?;
+        let (logits, chosen, snapshots) =
+            rayon::scope(|_| engine.prefill_from(prompt, cache, base, checkpoints))?;
         self.chosen = chosen;
+        self.snapshots = snapshots;
         Ok(logits)
     }
 

@@ -2,12 +2,14 @@
 //! [`defaults`]), our engine ([`generate`]: prefill + selection + decode on
 //! the chosen rows), the decode loop any engine shares ([`decode`]),
 //! sampling, the tokenizer/chat-template side ([`text`]), stop strings
-//! ([`stops`]) and structured output ([`grammar`]).
+//! ([`stops`]), structured output ([`grammar`]) and the prefix cache
+//! ([`prefix`]).
 
 pub mod decode;
 pub mod defaults;
 pub mod generate;
 pub mod grammar;
+pub mod prefix;
 pub mod sampling;
 pub mod spec;
 pub mod stops;

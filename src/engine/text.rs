@@ -162,9 +162,33 @@ impl TextCodec {
             .map_err(|e| anyhow::anyhow!("detokenizing: {e}"))
     }
 
+    /// Where turns start in `ids` (the tokens of `turns` rendered): for
+    /// each turn after the first, how many tokens the turns before it
+    /// render to, when those are exactly the first of `ids` (the template's
+    /// default system turn counts: a one-turn prompt shares it with every
+    /// other). At most the first and the last three, ascending.
+    pub fn turn_starts(&self, turns: &[Message], ids: &[u32]) -> Vec<usize> {
+        let mut starts: Vec<usize> = (0..turns.len())
+            .filter_map(|k| {
+                let head = self.encode(&self.render(&turns[..k], false).ok()?).ok()?;
+                (!head.is_empty() && head.len() < ids.len() && ids.starts_with(&head))
+                    .then_some(head.len())
+            })
+            .collect();
+        starts.dedup();
+        if starts.len() > 4 {
+            starts.drain(1..starts.len() - 3);
+        }
+        starts
+    }
+
     /// Renders a conversation with the model's chat template (falling back to
     /// plain ChatML), ending with the assistant's turn opened.
     pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+        self.render(messages, true)
+    }
+
+    fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let Some(template) = &self.chat_template else {
             let mut s = String::new();
             for m in messages {
@@ -173,7 +197,9 @@ impl TextCodec {
                     m.role, m.content
                 ));
             }
-            s.push_str("<|im_start|>assistant\n");
+            if add_generation_prompt {
+                s.push_str("<|im_start|>assistant\n");
+            }
             return Ok(s);
         };
         let mut env = minijinja::Environment::new();
@@ -193,7 +219,7 @@ impl TextCodec {
             .and_then(|t| {
                 t.render(minijinja::context! {
                     messages => messages,
-                    add_generation_prompt => true,
+                    add_generation_prompt => add_generation_prompt,
                 })
             })
             .context("rendering the model's chat template")?;

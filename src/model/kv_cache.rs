@@ -54,6 +54,12 @@ impl KvCache {
         })
     }
 
+    /// Keeps the first `len` positions (the buffers stay; the next
+    /// positions overwrite the rest).
+    pub fn truncate(&mut self, len: usize) {
+        self.layers.iter_mut().for_each(|c| c.len = c.len.min(len));
+    }
+
     /// Forgets every position (and frees the buffers).
     pub fn reset(&mut self) {
         self.layers

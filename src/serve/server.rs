@@ -56,6 +56,8 @@ pub struct Reply {
     pub request_id: String,
     pub text: String,
     pub prompt_tokens: usize,
+    /// Of the prompt tokens, those the prefix cache held.
+    pub cached_prompt_tokens: usize,
     pub generated_tokens: usize,
     pub ttft_s: f64,
     pub tokens_per_s: f64,
@@ -122,6 +124,8 @@ pub struct RuntimeSettings {
     /// The system turn of every conversation that brings none (empty =
     /// the model's template default).
     pub system_prompt: String,
+    /// Reuse the last prompt's cache for a prompt that starts the same.
+    pub prefix_cache: bool,
 }
 
 /// Counters published as node statistics.
@@ -587,8 +591,9 @@ fn worker_loop(
                 shared.completed.fetch_add(1, Ordering::Relaxed);
             }
             log::info!(
-                "request {id}: {} + {} tokens in {:.2} s ({})",
+                "request {id}: {} ({} cached) + {} tokens in {:.2} s ({})",
                 reply.prompt_tokens,
+                reply.cached_prompt_tokens,
                 reply.generated_tokens,
                 started.elapsed().as_secs_f64(),
                 reply.stop_reason
@@ -622,6 +627,7 @@ fn run_request(
         grammar: Grammar::of_fields(&r.json_schema, &r.grammar)?,
     };
     let turns = conversation(&settings.system_prompt, &r.messages, &r.prompt)?;
+    engine.prefix_cache = settings.prefix_cache;
     let mut index = 0usize;
     let mut streamed = String::new();
     let g = engine.generate_turns(&turns, &opts, |piece| {
@@ -648,6 +654,7 @@ fn run_request(
         request_id: r.id.clone(),
         text: g.text,
         prompt_tokens: g.prompt_tokens,
+        cached_prompt_tokens: g.cached_prompt_tokens,
         generated_tokens: g.generated_tokens,
         ttft_s: g.ttft_s,
         tokens_per_s: g.decode_tokens_per_s,

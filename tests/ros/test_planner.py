@@ -195,3 +195,31 @@ def test_a_stop_string_ends_the_answer_and_is_never_streamed(node_proc, client):
     assert spin_until(client, lambda: tokens.done(rid), 20)
     assert tokens.text(rid) == res.text
     assert not any("\n" in t.text for t in tokens.by_id[rid])
+
+
+def set_bool(node, name, value):
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+    pv = ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=value)
+    client = node.create_client(SetParameters, f"{NS}/set_parameters")
+    return call(node, client, SetParameters.Request(parameters=[Parameter(name=name, value=pv)])).results[0]
+
+
+def test_the_prefix_cache_reuses_a_shared_system_prompt(node_proc, client):
+    gen = client.create_client(Generate, f"{NS}/generate")
+    system = "You plan a delivery robot's next step in a hospital. " + " ".join(
+        f"Rule {i}: station {i % 10} serves ward {chr(65 + i % 6)}." for i in range(40))
+    ask = lambda q: Generate.Request(  # noqa: E731
+        prompt=q, max_new_tokens=8, messages=[ChatMessage(role="system", content=system)])
+    first = call(client, gen, ask("Where is ward C?"))
+    second = call(client, gen, ask("Which station serves ward B?"))
+    assert first.success and second.success, (first.error, second.error)
+    assert second.prompt_tokens > 300
+    assert 300 < second.cached_prompt_tokens < second.prompt_tokens, second.cached_prompt_tokens
+    assert set_bool(client, "prefix_cache", False).successful
+    try:
+        again = call(client, gen, ask("Which station serves ward B?"))
+    finally:
+        assert set_bool(client, "prefix_cache", True).successful
+    assert again.success and again.cached_prompt_tokens == 0
+    assert again.text == second.text, "the cache changes no answer"

@@ -59,6 +59,7 @@ macro_rules! reply_into {
             request_id: r.request_id.clone(),
             text: r.text.clone(),
             prompt_tokens: r.prompt_tokens as u32,
+            cached_prompt_tokens: r.cached_prompt_tokens as u32,
             generated_tokens: r.generated_tokens as u32,
             ttft_s: r.ttft_s as f32,
             tokens_per_s: r.tokens_per_s as f32,

@@ -88,6 +88,10 @@ pub const PARAMETERS: &[(&str, &str)] = &[
         "system turn of every conversation that brings none; empty = the chat template's default (runtime)",
     ),
     (
+        "prefix_cache",
+        "reuse the last prompt's key/value cache (and prefill selection statistics) for a prompt that starts the same: a planner's fixed system prompt, a conversation so far (runtime)",
+    ),
+    (
         "threads",
         "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
     ),
@@ -114,6 +118,7 @@ const RUNTIME: &[&str] = &[
     "top_p",
     "seed",
     "system_prompt",
+    "prefix_cache",
 ];
 
 /// All node parameters, typed.
@@ -145,6 +150,7 @@ impl Default for NodeParams {
                 token_ratio: d.token_ratio,
                 task: d.task.into(),
                 system_prompt: defaults::SYSTEM_PROMPT.into(),
+                prefix_cache: defaults::PREFIX_CACHE,
             },
             queue_depth: defaults::QUEUE_DEPTH,
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
@@ -166,6 +172,13 @@ fn int(name: &str, v: &ParameterValue) -> Result<i64> {
     match v {
         ParameterValue::Integer(x) => Ok(*x),
         other => bail!("parameter {name} must be an integer, got {other:?}"),
+    }
+}
+
+fn boolean(name: &str, v: &ParameterValue) -> Result<bool> {
+    match v {
+        ParameterValue::Bool(b) => Ok(*b),
+        other => bail!("parameter {name} must be true or false, got {other:?}"),
     }
 }
 
@@ -298,6 +311,7 @@ impl NodeParams {
                 self.runtime.sampling.seed = s as u64;
             }
             "system_prompt" => self.runtime.system_prompt = string(name, v)?,
+            "prefix_cache" => self.runtime.prefix_cache = boolean(name, v)?,
             "threads" => self.threads = non_negative(name, v)?.unwrap_or(0) as usize,
             "queue_depth" => self.queue_depth = positive_usize(name, v)?,
             "instruction_topic" => self.instruction_topic = string(name, v)?,
@@ -353,6 +367,7 @@ impl NodeParams {
             "top_p" => ParameterValue::Double(r.sampling.top_p),
             "seed" => ParameterValue::Integer(r.sampling.seed as i64),
             "system_prompt" => ParameterValue::String(r.system_prompt.clone()),
+            "prefix_cache" => ParameterValue::Bool(r.prefix_cache),
             "threads" => ParameterValue::Integer(self.threads as i64),
             "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
@@ -485,6 +500,7 @@ mod tests {
             let got = match &want {
                 ParameterValue::Double(_) => ParameterValue::Double(v.as_f64().unwrap()),
                 ParameterValue::Integer(_) => ParameterValue::Integer(v.as_i64().unwrap()),
+                ParameterValue::Bool(_) => ParameterValue::Bool(v.as_bool().unwrap()),
                 ParameterValue::String(_) => ParameterValue::String(match v {
                     serde_yaml::Value::String(s) => s.clone(),
                     other => serde_yaml::to_string(other).unwrap().trim().to_string(),
