@@ -60,6 +60,8 @@ def main():
     args = ap.parse_args()
 
     store = get_typestore(Stores.ROS2_JAZZY)
+    chat = PROMPT_MSG.with_name("ChatMessage.msg")
+    store.register(get_types_from_msg(chat.read_text(), "selectinfer_msgs/msg/ChatMessage"))
     store.register(get_types_from_msg(PROMPT_MSG.read_text(), "selectinfer_msgs/msg/Prompt"))
     Prompt = store.types["selectinfer_msgs/msg/Prompt"]
     String = store.types["std_msgs/msg/String"]
@@ -78,7 +80,8 @@ def main():
         for i, (task, text) in enumerate(prompts(args.count, args.max_doc_chars, args.seed)):
             if args.type == "prompt":
                 msg = Prompt(request_id=f"bag-{i:04d}", prompt=text, task=task,
-                             max_new_tokens=args.max_new_tokens, temperature=-1.0, top_p=-1.0, seed=-1)
+                             max_new_tokens=args.max_new_tokens, temperature=-1.0, top_p=-1.0, seed=-1,
+                             messages=[], stop=[], json_schema="", grammar="")
             else:
                 msg = String(data=text)
             writer.write(conn, t_ns, store.serialize_cdr(msg, msg.__msgtype__))

@@ -113,6 +113,9 @@ pub const SYSTEM_PROMPT: &str = "";
 /// Reuse the last prompt's cache for a prompt that starts the same.
 pub const PREFIX_CACHE: bool = true;
 
+/// Node only: configure and activate (load the model, serve) at start-up.
+pub const AUTOSTART: bool = true;
+
 /// Compute threads; 0 = one per core (or `RAYON_NUM_THREADS`).
 pub const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.

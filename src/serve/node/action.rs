@@ -3,8 +3,9 @@
 //! requests are handled on the executor; goals whose clients left the graph
 //! are cancelled.
 
+use super::lifecycle::Managed;
 use super::messages::{publish_response, reply_into, request_of, Outputs};
-use crate::serve::server::{CancelToken, Job, Reply, ReplySink, Server, TokenSink};
+use crate::serve::server::{CancelToken, Job, Reply, ReplySink, TokenSink};
 use futures::channel::oneshot;
 use futures::executor::LocalSpawner;
 use futures::future::{self, Either};
@@ -64,7 +65,7 @@ impl GoalWatch {
 pub(super) async fn serve(
     mut goal_requests: impl futures::Stream<Item = r2r::ActionServerGoalRequest<GenerateAction::Action>>
         + Unpin,
-    server: Arc<Server>,
+    server: Arc<Managed>,
     out: Outputs,
     watch: Arc<Mutex<GoalWatch>>,
     spawner_goals: LocalSpawner,
@@ -73,10 +74,9 @@ pub(super) async fn serve(
         let g = &req.goal;
         let r = request_of!(g);
         let id = r.id.clone();
-        if !server.has_room() {
+        if let Err(why) = server.room() {
             // An action goal response has no reason field: the reason
             // goes to ~/response under the goal's request id.
-            let why = server.queue_full_reason();
             log::info!("goal {id} {why}");
             if let Err(e) = req.reject() {
                 log::error!("rejecting goal {id}: {e}");
@@ -175,7 +175,7 @@ pub(super) fn cancel_abandoned(
     node: &r2r::Node,
     send_goal_topic: &str,
     watch: &Mutex<GoalWatch>,
-    server: &Server,
+    server: &Managed,
 ) {
     match node.get_publishers_info_by_topic(send_goal_topic, true) {
         Ok(infos) => {

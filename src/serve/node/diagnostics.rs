@@ -1,9 +1,10 @@
 //! `/diagnostics`: the server's statistics as a `DiagnosticArray`, published
 //! on a timer.
 
+use super::lifecycle::Managed;
 use super::params::{NodeParams, ParamHandle};
 use super::NODE_NAME;
-use crate::serve::server::{Server, Stats};
+use crate::serve::server::Stats;
 use r2r::{diagnostic_msgs, std_msgs, Publisher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 pub(super) fn diagnostics(
     stats: &Stats,
     params: &NodeParams,
+    lifecycle: &str,
     now: Duration,
 ) -> diagnostic_msgs::msg::DiagnosticArray {
     use diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
@@ -18,7 +20,8 @@ pub(super) fn diagnostics(
         key: k.into(),
         value: v,
     };
-    let full = stats.queued >= stats.queue_capacity;
+    let serving = lifecycle == "active";
+    let full = serving && stats.queued >= stats.queue_capacity;
     let status = DiagnosticStatus {
         level: if full {
             DiagnosticStatus::WARN as u8
@@ -26,13 +29,15 @@ pub(super) fn diagnostics(
             DiagnosticStatus::OK as u8
         },
         name: format!("{NODE_NAME}: generation"),
-        message: match (full, stats.busy) {
-            (true, _) => "queue full: new requests are rejected".into(),
-            (false, true) => "generating".into(),
-            (false, false) => "idle".into(),
+        message: match (serving, full, stats.busy) {
+            (false, _, _) => format!("{lifecycle}: new requests are refused"),
+            (true, true, _) => "queue full: new requests are rejected".into(),
+            (true, false, true) => "generating".into(),
+            (true, false, false) => "idle".into(),
         },
         hardware_id: params.engine.device.clone(),
         values: vec![
+            kv("lifecycle_state", lifecycle.into()),
             kv("queue_depth", stats.queued.to_string()),
             kv("queue_capacity", stats.queue_capacity.to_string()),
             kv("busy", stats.busy.to_string()),
@@ -60,7 +65,7 @@ pub(super) fn diagnostics(
 pub(super) async fn publish_on(
     mut timer: r2r::Timer,
     publisher: Publisher<diagnostic_msgs::msg::DiagnosticArray>,
-    server: Arc<Server>,
+    server: Arc<Managed>,
     handle: Arc<Mutex<ParamHandle>>,
 ) {
     let mut clock = r2r::Clock::create(r2r::ClockType::SystemTime).ok();
@@ -70,7 +75,8 @@ pub(super) async fn publish_on(
             .and_then(|c| c.get_now().ok())
             .unwrap_or_default();
         let params = handle.lock().unwrap().params.clone();
-        if let Err(e) = publisher.publish(&diagnostics(&server.stats(), &params, now)) {
+        let state = server.state().label;
+        if let Err(e) = publisher.publish(&diagnostics(&server.stats(), &params, &state, now)) {
             log::warn!("publishing diagnostics: {e}");
         }
     }

@@ -20,17 +20,18 @@
 
 mod action;
 mod diagnostics;
+mod lifecycle;
 mod messages;
 mod params;
 mod service;
 mod topics;
 
-use crate::serve::server::Server;
 use action::GoalWatch;
 use anyhow::{Context as _, Result};
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::StreamExt;
+use lifecycle::Managed;
 use messages::Outputs;
 use params::{NodeParams, ParamHandle};
 use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
@@ -94,6 +95,17 @@ fn run() -> Result<()> {
     )?;
     let diag_timer =
         node.create_wall_timer(Duration::from_secs_f64(params.diagnostics_period_s))?;
+    let lifecycle_services = {
+        let q = || QosProfile::services_default();
+        lifecycle::Services {
+            change: node.create_service("~/change_state", q())?,
+            get: node.create_service("~/get_state", q())?,
+            states: node.create_service("~/get_available_states", q())?,
+            transitions: node.create_service("~/get_available_transitions", q())?,
+            graph: node.create_service("~/get_transition_graph", q())?,
+        }
+    };
+    let transition_events = node.create_publisher("~/transition_event", deep(10))?;
     let watch = Arc::new(Mutex::new(GoalWatch::default()));
     let (s, o) = (&server, &out);
     spawner.spawn_local(service::serve(services, s.clone(), o.clone()))?;
@@ -105,6 +117,11 @@ fn run() -> Result<()> {
     ))?;
     let goal_task = action::serve(goals, s.clone(), o.clone(), watch.clone(), spawner.clone());
     spawner.spawn_local(goal_task)?;
+    spawner.spawn_local(lifecycle::serve(
+        lifecycle_services,
+        s.clone(),
+        transition_events,
+    ))?;
     spawner.spawn_local(diagnostics::publish_on(
         diag_timer,
         diag_pub,
@@ -126,8 +143,9 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// The node's parameters, and the server with its engine loaded.
-fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Server>)> {
+/// The node's parameters, and the managed server: loaded and active
+/// unless `autostart` is off.
+fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Managed>)> {
     let params = {
         let overrides = node.params.lock().unwrap();
         NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
@@ -135,16 +153,20 @@ fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Server>)> {
     if params.threads > 0 {
         crate::sys::threads::set(params.threads).context("parameter threads")?;
     }
-    log::info!("loading: {}", params.summary());
-    let server = Arc::new(Server::start(params.server_config()).context("loading the engine")?);
+    let managed = Arc::new(Managed::new(params.clone()));
+    if !params.autostart {
+        log::info!("autostart is off: unconfigured until ~/change_state configures it");
+        return Ok((params, managed));
+    }
+    managed.transition(1)?; // configure
+    managed.transition(3)?; // activate
     log::info!(
-        "ready: {} tasks ({}), {} compute threads, peak RSS {:.0} MiB",
-        server.mode().name(),
-        server.tasks().join(", "),
+        "ready: {} tasks, {} compute threads, peak RSS {:.0} MiB",
+        params.engine.mode.name(),
         crate::sys::threads::current(),
         crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
     );
-    Ok((params, server))
+    Ok((params, managed))
 }
 
 /// A flag SIGINT and SIGTERM set.
@@ -163,7 +185,7 @@ fn spin(
     node: &mut r2r::Node,
     pool: &mut LocalPool,
     watch: &Mutex<GoalWatch>,
-    server: &Server,
+    server: &Managed,
     stop: &AtomicBool,
 ) -> Result<()> {
     let send_goal_topic = format!(

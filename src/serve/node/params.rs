@@ -2,11 +2,12 @@
 //! runtime changes. Load-time parameters are read once at start-up; runtime
 //! ones (φ, α, sampling, max tokens) go to the server for the next request.
 
+use super::lifecycle::Managed;
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
 use crate::method::SelectionParams;
 use crate::model::Config;
-use crate::serve::server::{RuntimeSettings, Server, ServerConfig};
+use crate::serve::server::{RuntimeSettings, ServerConfig};
 use anyhow::{bail, Context, Result};
 use r2r::{Parameter, ParameterValue, RosParams};
 use std::path::PathBuf;
@@ -92,6 +93,10 @@ pub const PARAMETERS: &[(&str, &str)] = &[
         "reuse the last prompt's key/value cache (and prefill selection statistics) for a prompt that starts the same: a planner's fixed system prompt, a conversation so far (runtime)",
     ),
     (
+        "autostart",
+        "configure and activate at start-up (the lifecycle's configure loads the model); false = start unconfigured and wait for ~/change_state (load-time)",
+    ),
+    (
         "threads",
         "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
     ),
@@ -133,6 +138,8 @@ pub struct NodeParams {
     pub diagnostics_period_s: f64,
     /// Compute threads (0 = one per core).
     pub threads: usize,
+    /// Configure and activate at start-up.
+    pub autostart: bool,
 }
 
 impl Default for NodeParams {
@@ -156,6 +163,7 @@ impl Default for NodeParams {
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
             diagnostics_period_s: defaults::DIAGNOSTICS_PERIOD_S,
             threads: defaults::THREADS,
+            autostart: defaults::AUTOSTART,
         }
     }
 }
@@ -313,6 +321,7 @@ impl NodeParams {
             "system_prompt" => self.runtime.system_prompt = string(name, v)?,
             "prefix_cache" => self.runtime.prefix_cache = boolean(name, v)?,
             "threads" => self.threads = non_negative(name, v)?.unwrap_or(0) as usize,
+            "autostart" => self.autostart = boolean(name, v)?,
             "queue_depth" => self.queue_depth = positive_usize(name, v)?,
             "instruction_topic" => self.instruction_topic = string(name, v)?,
             "diagnostics_period_s" => {
@@ -369,6 +378,7 @@ impl NodeParams {
             "system_prompt" => ParameterValue::String(r.system_prompt.clone()),
             "prefix_cache" => ParameterValue::Bool(r.prefix_cache),
             "threads" => ParameterValue::Integer(self.threads as i64),
+            "autostart" => ParameterValue::Bool(self.autostart),
             "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
             "diagnostics_period_s" => ParameterValue::Double(self.diagnostics_period_s),
@@ -410,7 +420,7 @@ impl NodeParams {
 /// changes with a reason.
 pub struct ParamHandle {
     pub params: NodeParams,
-    pub server: Arc<Server>,
+    pub server: Arc<Managed>,
 }
 
 fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
@@ -462,7 +472,7 @@ impl RosParams for ParamHandle {
             .try_set(name, v)
             .map_err(|e| refuse(name, format!("{e:#}")))?;
         self.server
-            .update_settings(next.runtime.clone())
+            .update_settings(next.runtime.clone(), &next)
             .map_err(|e| refuse(name, format!("{e:#}")))?;
         log::info!("parameter {name} set to {v:?} (applies to the next request)");
         self.params = next;

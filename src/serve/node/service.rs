@@ -1,8 +1,9 @@
 //! The service `~/generate`: each request joins the server's queue and is
 //! answered from the worker thread when its generation ends.
 
+use super::lifecycle::Managed;
 use super::messages::{request_of, service_response, Outputs};
-use crate::serve::server::{CancelToken, Job, Reply, Server};
+use crate::serve::server::{CancelToken, Job, Reply};
 use futures::StreamExt;
 use r2r::selectinfer_msgs::srv::Generate;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 /// Serves service requests until the node goes.
 pub(super) async fn serve(
     mut services: impl futures::Stream<Item = r2r::ServiceRequest<Generate::Service>> + Unpin,
-    server: Arc<Server>,
+    server: Arc<Managed>,
     out: Outputs,
 ) {
     while let Some(req) = services.next().await {

@@ -2,15 +2,16 @@
 //! `std_msgs/String` instructions, answered on `~/response` under the same
 //! request id.
 
+use super::lifecycle::Managed;
 use super::messages::{publish_response, request, request_of, Outputs};
-use crate::serve::server::{CancelToken, Job, Reply, Request, Server};
+use crate::serve::server::{CancelToken, Job, Reply, Request};
 use futures::StreamExt;
 use r2r::selectinfer_msgs::msg as si;
 use r2r::std_msgs;
 use std::sync::Arc;
 
 /// Queues a topic request; its reply goes to `~/response`.
-fn submit(server: &Server, out: &Outputs, r: Request) {
+fn submit(server: &Managed, out: &Outputs, r: Request) {
     let id = r.id.clone();
     let out2 = out.clone();
     server.submit(Job {
@@ -27,7 +28,7 @@ fn submit(server: &Server, out: &Outputs, r: Request) {
 /// Serves `~/prompt` messages until the node goes.
 pub(super) async fn serve_prompts(
     mut prompts: impl futures::Stream<Item = si::Prompt> + Unpin,
-    server: Arc<Server>,
+    server: Arc<Managed>,
     out: Outputs,
 ) {
     while let Some(m) = prompts.next().await {
@@ -39,7 +40,7 @@ pub(super) async fn serve_prompts(
 /// until the node goes.
 pub(super) async fn serve_instructions(
     mut instructions: impl futures::Stream<Item = std_msgs::msg::String> + Unpin,
-    server: Arc<Server>,
+    server: Arc<Managed>,
     out: Outputs,
 ) {
     while let Some(m) = instructions.next().await {
