@@ -3,8 +3,8 @@ to the result, cancel returns CANCELED with the partial text and frees the
 slot, a full queue rejects goals (reason on ~/response), random cancels from
 several clients leave every goal accounted for.
 
-r2r 0.9.7 never publishes CANCELED on the status topic, so the final status is
-read from the result (`result.status`, which the node fills in)."""
+A cancelled goal ends in CANCELED on the action's status topic too (r2r
+0.9.7 left it at CANCELING; third_party/r2r/PATCH.md)."""
 
 import random
 import subprocess
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import rclpy
-from action_msgs.msg import GoalStatus
+from action_msgs.msg import GoalStatus, GoalStatusArray
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from selectinfer_msgs.action import Generate
@@ -126,6 +126,13 @@ def test_feedback_concatenates_to_result(env):
 
 def test_cancel_returns_partial_text_and_frees_the_slot(env):
     node, executor, client, _ = env
+    statuses = {}
+
+    def on_status(msg):
+        for s in msg.status_list:
+            statuses[bytes(s.goal_info.goal_id.uuid)] = s.status
+
+    node.create_subscription(GoalStatusArray, f"{NS}/generate_stream/_action/status", on_status, 100)
     g = Goal(client, "cancel-1", "Write a long story about a delivery robot.", 500)
     assert spin_until(executor, lambda: len(g.feedback) >= 3 or g.finished, 60), g
     assert not g.finished, g
@@ -140,6 +147,10 @@ def test_cancel_returns_partial_text_and_frees_the_slot(env):
     assert r.text and r.text == g.streamed()[: len(r.text)]
     # Stopped promptly: far fewer tokens than a full run would make.
     assert time.time() - cancel_sent < 5
+    # The status topic says CANCELED as well, not CANCELING.
+    uid = bytes(g.handle.goal_id.uuid)
+    assert spin_until(executor, lambda: statuses.get(uid) == GoalStatus.STATUS_CANCELED, 10), \
+        statuses.get(uid)
 
     # The next goal starts at once.
     t = time.time()
