@@ -65,13 +65,11 @@ def ros_domain():
     rclpy.shutdown()
 
 
-@pytest.fixture(scope="module")
-def node_proc(tmp_path_factory):
-    """The node with the shipped parameters file; short answers for speed and
-    the paper's ratios, which the tests' numbers rely on."""
-    log = tmp_path_factory.mktemp("node") / "node.log"
-    proc = start_node(log, "max_new_tokens:=16", "queue_depth:=8", "mode:=selectinfer", "load_ratio:=0.7",
-                      "static_ratio:=0.2", "compute_ratio:=0.4", "token_ratio:=0.2")
+def module_node(tmp_path_factory, name, *overrides):
+    """A test module's node: started with `overrides`, ready, yielded (its
+    log at `.log_path`), stopped with SIGINT and required to exit 0."""
+    log = tmp_path_factory.mktemp(name) / "node.log"
+    proc = start_node(log, *overrides)
     proc.log_path = log
     try:
         wait_ready(proc, log)
@@ -80,6 +78,15 @@ def node_proc(tmp_path_factory):
         code = stop_node(proc)
         print(Path(log).read_text()[-3000:])
         assert code == 0, f"node exit code {code}"
+
+
+@pytest.fixture(scope="module")
+def node_proc(tmp_path_factory):
+    """The node with the shipped parameters file; short answers for speed and
+    the paper's ratios, which the tests' numbers rely on."""
+    yield from module_node(tmp_path_factory, "node", "max_new_tokens:=16", "queue_depth:=8",
+                           "mode:=selectinfer", "load_ratio:=0.7", "static_ratio:=0.2",
+                           "compute_ratio:=0.4", "token_ratio:=0.2")
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ from lifecycle_msgs.msg import Transition, TransitionEvent
 from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState
 from selectinfer_msgs.srv import Generate
 
-from conftest import NS, ROOT, start_node, stop_node, wait_ready
+from conftest import NS, ROOT, module_node
 from test_node import QOS_DEEP, call, spin_until
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct" / "model.safetensors"
@@ -25,15 +25,8 @@ def rss_bytes(pid):
 
 @pytest.fixture(scope="module")
 def node_proc(tmp_path_factory):
-    log = tmp_path_factory.mktemp("lifecycle") / "node.log"
-    proc = start_node(log, "autostart:=false", "max_new_tokens:=4")
-    proc.log_path = log
-    try:
-        wait_ready(proc, log)
-        yield proc
-    finally:
-        code = stop_node(proc)
-        assert code == 0, f"node exit code {code}\n{log.read_text()[-3000:]}"
+    """Started unconfigured: no model until configure."""
+    yield from module_node(tmp_path_factory, "lifecycle", "autostart:=false", "max_new_tokens:=4")
 
 
 def test_configure_activate_deactivate_cleanup_and_back(node_proc, client):

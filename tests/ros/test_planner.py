@@ -12,7 +12,7 @@ from selectinfer_msgs.action import Generate as GenerateAction
 from selectinfer_msgs.msg import ChatMessage
 from selectinfer_msgs.srv import Generate
 
-from conftest import NS, start_node, stop_node, wait_ready
+from conftest import NS, module_node
 from test_node import TokenLog, call, set_param, spin_until
 
 SCHEMA = {
@@ -65,15 +65,7 @@ def valid_plan(text):
 def node_proc(tmp_path_factory):
     """The shipped parameters on one compute thread (threads:=1), answers up
     to 64 tokens."""
-    log = tmp_path_factory.mktemp("planner") / "node.log"
-    proc = start_node(log, "max_new_tokens:=64", "threads:=1")
-    proc.log_path = log
-    try:
-        wait_ready(proc, log)
-        yield proc
-    finally:
-        code = stop_node(proc)
-        assert code == 0, f"node exit code {code}"
+    yield from module_node(tmp_path_factory, "planner", "max_new_tokens:=64", "threads:=1")
 
 
 def test_the_threads_parameter_sizes_the_compute_pool(node_proc):
