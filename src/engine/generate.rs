@@ -512,23 +512,10 @@ impl Engine {
         self.validate(prompt.len(), opts)?;
         let codec = self.codec.clone();
         let selective = self.selectors.is_some();
-        let reuse = match (checkpoints, self.prefix.take()) {
-            (Some(_), Some(p)) => p.reuse(prompt, selective),
-            (None, p) => {
-                self.prefix = p;
-                Reuse {
-                    tokens: 0,
-                    cache: self.model.new_cache(),
-                    counts: None,
-                    earlier: Vec::new(),
-                }
-            }
-            _ => Reuse {
-                tokens: 0,
-                cache: self.model.new_cache(),
-                counts: None,
-                earlier: Vec::new(),
-            },
+        // Without checkpoints the cache is neither used nor replaced.
+        let reuse = match checkpoints.and_then(|_| self.prefix.take()) {
+            Some(p) => p.reuse(prompt, selective),
+            None => Reuse::none(self.model.new_cache()),
         };
         let cached = reuse.tokens;
         let keep = checkpoints.is_some();

@@ -47,6 +47,18 @@ pub struct Reuse {
     pub earlier: Vec<Snapshot>,
 }
 
+impl Reuse {
+    /// Nothing reused: a prompt prefilled whole into `cache` (empty).
+    pub fn none(cache: KvCache) -> Self {
+        Self {
+            tokens: 0,
+            cache,
+            counts: None,
+            earlier: Vec::new(),
+        }
+    }
+}
+
 impl PrefixCache {
     /// The part of `prompt` this cache holds: the common prefix, at most all
     /// but the prompt's last token (its logits start the answer), and for

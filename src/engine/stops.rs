@@ -56,11 +56,15 @@ impl StopStrings {
     /// now and whether a stop string was reached (the text ends before it).
     pub fn push(&mut self, piece: &str) -> (String, bool) {
         self.text.push_str(piece);
+        // A stop string can only start in text not shown yet (whatever
+        // could start one is held back): no need to search the whole answer.
+        let fresh = &self.text[self.emitted..];
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.text.find(s.as_str()))
-            .min();
+            .filter_map(|s| fresh.find(s.as_str()))
+            .min()
+            .map(|at| self.emitted + at);
         if let Some(at) = hit {
             self.text.truncate(at);
             return (self.take(at), true);

@@ -161,7 +161,7 @@ fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Managed>)> {
     managed.transition(1)?; // configure
     managed.transition(3)?; // activate
     log::info!(
-        "ready: {} tasks, {} compute threads, peak RSS {:.0} MiB",
+        "ready: mode {}, {} compute threads, peak RSS {:.0} MiB",
         params.engine.mode.name(),
         crate::sys::threads::current(),
         crate::sys::memory::peak_rss_bytes() as f64 / 1048576.0
