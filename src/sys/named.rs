@@ -13,7 +13,7 @@ pub trait Named: Copy + 'static {
 }
 
 /// The names of every value, comma-separated.
-fn names<T: Named>() -> String {
+pub fn names<T: Named>() -> String {
     T::ALL
         .iter()
         .map(|v| v.name())

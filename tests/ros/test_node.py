@@ -8,7 +8,7 @@ import uuid
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
-from rcl_interfaces.srv import SetParameters
+from rcl_interfaces.srv import DescribeParameters, GetParameters, SetParameters
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import QoSProfile
 from selectinfer_msgs.msg import Prompt, Response, Token
@@ -230,6 +230,38 @@ def test_runtime_phi_change_applies_to_next_response(node_proc, client):
         assert set_param(client, "compute_ratio", 0.4).successful
 
 
+def test_describe_parameters_gives_ranges_and_read_only(node_proc, client):
+    desc = client.create_client(DescribeParameters, f"{NS}/describe_parameters")
+    names = ["compute_ratio", "max_new_tokens", "temperature", "mode", "model", "threads"]
+    res = call(client, desc, DescribeParameters.Request(names=names))
+    d = {x.name: x for x in res.descriptors}
+    assert sorted(d) == sorted(names), d
+    phi = d["compute_ratio"]
+    assert phi.type == ParameterType.PARAMETER_DOUBLE and not phi.read_only
+    assert [(r.from_value, r.to_value) for r in phi.floating_point_range] == [(0.0, 1.0)]
+    assert "phi" in phi.description
+    tokens = d["max_new_tokens"]
+    assert not tokens.read_only and tokens.integer_range[0].from_value == 1
+    assert d["temperature"].floating_point_range[0].to_value == 10.0
+    mode = d["mode"]
+    assert mode.read_only and "load-only" in mode.additional_constraints, mode
+    assert d["model"].read_only and not d["model"].integer_range
+    assert d["threads"].read_only and d["threads"].integer_range[0].to_value == 1024
+
+    # Out-of-range sets are refused naming the parameter and the range;
+    # the value stays what it was.
+    get = client.create_client(GetParameters, f"{NS}/get_parameters")
+    before = call(client, get, GetParameters.Request(names=["temperature"])).values[0]
+    refused = set_param(client, "temperature", 50.0)
+    assert not refused.successful and "temperature must be in [0, 10]" in refused.reason, refused
+    refused = set_param(client, "max_new_tokens", 0)
+    assert not refused.successful and "max_new_tokens must be in [1," in refused.reason, refused
+    refused = set_param(client, "top_p", -0.5)
+    assert not refused.successful and "top_p must be in [0, 1]" in refused.reason, refused
+    after = call(client, get, GetParameters.Request(names=["temperature"])).values[0]
+    assert after.double_value == before.double_value
+
+
 def test_runtime_task_change_swaps_the_base_set(node_proc, client):
     gen = client.create_client(Generate, f"{NS}/generate")
     refused = set_param(client, "task", "navigation")
@@ -289,7 +321,7 @@ def test_startup_refuses_bad_configuration(tmp_path):
     code, log = _startup_fails(tmp_path, "memory_budget_mb:=60")
     assert code == 2 and "memory budget 60 MiB is below the floor of" in log, log
     code, log = _startup_fails(tmp_path, "threads:=-2")
-    assert code == 2 and "threads must be >= 0" in log, log
+    assert code == 2 and "threads must be in [0, 1024], got -2" in log, log
     code, log = _startup_fails(tmp_path, "no_such_parameter:=1")
     assert code == 2 and "unknown parameter" in log, log
     assert "panicked" not in log

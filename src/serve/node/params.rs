@@ -5,126 +5,293 @@
 use super::lifecycle::Managed;
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
+use crate::method::params::Score;
+use crate::method::Mode;
 use crate::method::SelectionParams;
 use crate::model::Config;
 use crate::serve::server::{RuntimeSettings, ServerConfig};
+use crate::sys::device::WeightDtype;
+use crate::sys::named::names;
 use anyhow::{bail, Context, Result};
+use r2r::rcl_interfaces::msg::{FloatingPointRange, IntegerRange, ParameterDescriptor};
 use r2r::{Parameter, ParameterValue, RosParams};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Parameters and their help text, in the order `ros2 param list` shows.
-pub const PARAMETERS: &[(&str, &str)] = &[
-    ("model", "HF-style model folder (load-time)"),
-    (
+/// What values a parameter takes, as `ros2 param describe` shows them
+/// (ranges are inclusive, as ROS's are); every set, at start-up or at
+/// runtime, is checked against it before the parameter's own validation.
+#[derive(Clone, Copy)]
+pub enum Values {
+    /// Any value of the parameter's type (its own check may refuse some).
+    Any,
+    /// A number in `[lo, hi]`.
+    Float(f64, f64),
+    /// An integer in `[lo, hi]`.
+    Int(i64, i64),
+    /// One of these names (comma-separated).
+    OneOf(fn() -> String),
+}
+
+/// One node parameter: name, help text (`ros2 param describe`), whether it
+/// may change at runtime (the rest are read-only: read at start-up) and
+/// the values it takes.
+pub struct Spec {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub runtime: bool,
+    pub values: Values,
+}
+
+/// Prompt and context lengths are bounded by the model long before this.
+const TOKENS_MAX: i64 = 1 << 20;
+/// Above a few, sampling is noise; the range keeps a typo (`70`) out.
+const TEMPERATURE_MAX: f64 = 10.0;
+const THREADS_MAX: i64 = 1024;
+const QUEUE_MAX: i64 = 10_000;
+const PERIOD_MIN_S: f64 = 0.01;
+const PERIOD_MAX_S: f64 = 3600.0;
+
+const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
+    Spec {
+        name,
+        help,
+        runtime,
+        values,
+    }
+}
+
+/// Every parameter, in the order `ros2 param list` shows.
+pub const PARAMETERS: &[Spec] = &[
+    spec(
+        "model",
+        "HF-style model folder (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
         "ranking",
         "ranking file; empty = rankings/<model folder>.ranking.safetensors (load-time)",
+        false,
+        Values::Any,
     ),
-    (
+    spec(
         "task",
         "task whose base neurons are loaded and static; changed at runtime, the next request of that task swaps the base set in (reading only the neurons it adds) (runtime)",
+        true,
+        Values::Any,
     ),
-    (
+    spec(
         "mode",
         "dense | load-only | selectinfer | coreinfer | random-load | disk-offload (load-time)",
+        false,
+        Values::OneOf(names::<Mode>),
     ),
-    (
+    spec(
         "load_ratio",
         "gamma: FFN neurons loaded per sparse layer (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
     ),
-    (
+    spec(
         "static_ratio",
         "delta: base neurons always computed (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
     ),
-    (
+    spec(
         "compute_ratio",
         "phi = delta + epsilon: neurons computed per prompt (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
     ),
-    (
+    spec(
         "token_ratio",
         "alpha: per-token active fraction at prefill (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
     ),
-    (
+    spec(
         "score",
         "counts | griffin | wina: how prefill ranks neurons for the dynamic set (load-time)",
+        false,
+        Values::OneOf(names::<Score>),
     ),
-    (
+    spec(
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
     ),
-    (
+    spec(
         "dense_layers",
         "layers kept whole; negative counts from the end (load-time)",
+        false,
+        Values::Any,
     ),
-    ("plan_seed", "seed of the random-load subset (load-time)"),
-    (
+    spec(
+        "plan_seed",
+        "seed of the random-load subset (load-time)",
+        false,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
         "dtype",
         "f32 | f16 | bf16 | q8 | q4 weights in memory (bf16: CUDA, compute capability >= 8.0; q8, q4: CPU, ggml blocks; load-time)",
+        false,
+        Values::OneOf(names::<WeightDtype>),
     ),
-    ("device", "cpu | cuda:N (load-time)"),
-    (
+    spec(
+        "device",
+        "cpu | cuda:N (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
         "prefill_chunk",
         "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
+        false,
+        Values::Int(1, TOKENS_MAX),
     ),
-    (
+    spec(
         "max_context",
         "longest sequence served (prompt + generated); 0 = the model's, at most 4096 (load-time)",
+        false,
+        Values::Int(0, TOKENS_MAX),
     ),
-    (
+    spec(
         "memory_budget_mb",
         "resident memory (MiB) to fit in: gamma is chosen so that weights, KV cache, temporaries and runtime stay within it, and a budget below the floor is refused naming it; 0 = load_ratio as given (load-time)",
+        false,
+        Values::Int(0, i64::MAX),
     ),
-    (
+    spec(
         "max_new_tokens",
         "default new-token limit of a request (runtime)",
+        true,
+        Values::Int(1, TOKENS_MAX),
     ),
-    (
+    spec(
         "temperature",
         "default sampling temperature, 0 = greedy (runtime)",
+        true,
+        Values::Float(0.0, TEMPERATURE_MAX),
     ),
-    ("top_p", "default nucleus mass (runtime)"),
-    ("seed", "default sampling seed (runtime)"),
-    (
+    spec(
+        "top_p",
+        "default nucleus mass (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "seed",
+        "default sampling seed (runtime)",
+        true,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
         "system_prompt",
         "system turn of every conversation that brings none; empty = the chat template's default (runtime)",
+        true,
+        Values::Any,
     ),
-    (
+    spec(
         "prefix_cache",
         "reuse the last prompt's key/value cache (and prefill selection statistics) for a prompt that starts the same: a planner's fixed system prompt, a conversation so far (runtime)",
+        true,
+        Values::Any,
     ),
-    (
+    spec(
         "autostart",
         "configure and activate at start-up (the lifecycle's configure loads the model); false = start unconfigured and wait for ~/change_state (load-time)",
+        false,
+        Values::Any,
     ),
-    (
+    spec(
         "threads",
         "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
+        false,
+        Values::Int(0, THREADS_MAX),
     ),
-    (
+    spec(
         "queue_depth",
         "requests waiting at most; more are rejected (load-time)",
+        false,
+        Values::Int(1, QUEUE_MAX),
     ),
-    (
+    spec(
         "instruction_topic",
         "std_msgs/String instruction topic (load-time)",
+        false,
+        Values::Any,
     ),
-    (
+    spec(
         "diagnostics_period_s",
         "seconds between /diagnostics messages (load-time)",
+        false,
+        Values::Float(PERIOD_MIN_S, PERIOD_MAX_S),
     ),
 ];
 
-const RUNTIME: &[&str] = &[
-    "task",
-    "compute_ratio",
-    "token_ratio",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "system_prompt",
-    "prefix_cache",
-];
+/// The parameter named `name`.
+fn spec_of(name: &str) -> Option<&'static Spec> {
+    PARAMETERS.iter().find(|s| s.name == name)
+}
+
+impl Spec {
+    /// Refuses a value outside [`Spec::values`], naming the parameter and
+    /// the range. Type errors are left to the parameter's own parser.
+    fn check(&self, v: &ParameterValue) -> Result<()> {
+        let name = self.name;
+        match (self.values, v) {
+            (Values::Float(lo, hi), ParameterValue::Double(x)) if !(lo..=hi).contains(x) => {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            (Values::Float(lo, hi), ParameterValue::Integer(x))
+                if !(lo..=hi).contains(&(*x as f64)) =>
+            {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            (Values::Int(lo, i64::MAX), ParameterValue::Integer(x)) if *x < lo => {
+                bail!("parameter {name} must be >= {lo}, got {x}")
+            }
+            (Values::Int(lo, hi), ParameterValue::Integer(x)) if !(lo..=hi).contains(x) => {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The descriptor `~/describe_parameters` returns: read-only for the
+    /// load-time parameters, the range, the accepted names.
+    fn descriptor(&self) -> ParameterDescriptor {
+        let mut d = ParameterDescriptor {
+            name: self.name.into(),
+            description: self.help.into(),
+            read_only: !self.runtime,
+            ..Default::default()
+        };
+        match self.values {
+            Values::Any => {}
+            Values::Float(from_value, to_value) => {
+                d.floating_point_range = vec![FloatingPointRange {
+                    from_value,
+                    to_value,
+                    step: 0.0,
+                }]
+            }
+            Values::Int(from_value, to_value) => {
+                d.integer_range = vec![IntegerRange {
+                    from_value,
+                    to_value,
+                    step: 1,
+                }]
+            }
+            Values::OneOf(names) => d.additional_constraints = format!("one of: {}", names()),
+        }
+        d
+    }
+}
 
 /// All node parameters, typed.
 #[derive(Debug, Clone)]
@@ -256,8 +423,12 @@ impl NodeParams {
         Ok(())
     }
 
-    /// Sets one parameter by name (type-checked, not yet cross-validated).
+    /// Sets one parameter by name (type- and range-checked, not yet
+    /// cross-validated).
     fn set(&mut self, name: &str, v: &ParameterValue) -> Result<()> {
+        if let Some(spec) = spec_of(name) {
+            spec.check(v)?;
+        }
         let e = &mut self.engine;
         match name {
             "model" => e.model = PathBuf::from(string(name, v)?),
@@ -335,7 +506,7 @@ impl NodeParams {
                 "unknown parameter `{name}`; known: {}",
                 PARAMETERS
                     .iter()
-                    .map(|p| p.0)
+                    .map(|p| p.name)
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -432,10 +603,10 @@ fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
 
 impl ParamHandle {
     fn try_set(&self, name: &str, v: &ParameterValue) -> Result<NodeParams> {
-        if !PARAMETERS.iter().any(|p| p.0 == name) {
+        let Some(spec) = spec_of(name) else {
             bail!("unknown parameter");
-        }
-        if !RUNTIME.contains(&name) {
+        };
+        if !spec.runtime {
             if self.params.get(name).as_ref() == Some(v) {
                 return Ok(self.params.clone());
             }
@@ -448,15 +619,20 @@ impl ParamHandle {
 }
 
 impl RosParams for ParamHandle {
+    fn describe_parameter(&self, name: &str) -> Option<ParameterDescriptor> {
+        spec_of(name).map(Spec::descriptor)
+    }
+
     fn register_parameters(
         &mut self,
         _prefix: &str,
         _param: Option<Parameter>,
         params: &mut r2r::indexmap::IndexMap<String, Parameter>,
     ) -> r2r::Result<()> {
-        for (name, description) in PARAMETERS {
-            let value = self.params.get(name).expect("listed parameter");
-            params.insert(name.to_string(), Parameter { value, description });
+        for spec in PARAMETERS {
+            let value = self.params.get(spec.name).expect("listed parameter");
+            let description = spec.help;
+            params.insert(spec.name.to_string(), Parameter { value, description });
         }
         Ok(())
     }
@@ -490,6 +666,48 @@ impl RosParams for ParamHandle {
 mod tests {
     use super::*;
 
+    /// Every default lies in its parameter's declared range, and a value
+    /// outside it is refused naming the parameter, leaving the rest as is.
+    #[test]
+    fn defaults_lie_in_the_declared_ranges_and_outside_is_refused() {
+        let defaults = NodeParams::default();
+        for spec in PARAMETERS {
+            let v = defaults.get(spec.name).unwrap();
+            spec.check(&v)
+                .unwrap_or_else(|e| panic!("default of {}: {e:#}", spec.name));
+            let d = spec.descriptor();
+            assert_eq!(d.read_only, !spec.runtime, "{}", spec.name);
+        }
+        let mut p = NodeParams::default();
+        let e = p
+            .set("temperature", &ParameterValue::Double(50.0))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "parameter temperature must be in [0, 10], got 50"
+        );
+        let e = p
+            .set("max_new_tokens", &ParameterValue::Integer(0))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("parameter max_new_tokens must be in [1,"),
+            "{e}"
+        );
+        let e = p.set("seed", &ParameterValue::Integer(-1)).unwrap_err();
+        assert_eq!(e.to_string(), "parameter seed must be >= 0, got -1");
+        let e = p
+            .set("load_ratio", &ParameterValue::Integer(2))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("load_ratio must be in [0, 1]"),
+            "{e}"
+        );
+        assert_eq!(p.get("temperature"), defaults.get("temperature"));
+        p.set("temperature", &ParameterValue::Double(0.7)).unwrap();
+        assert_eq!(p.get("temperature"), Some(ParameterValue::Double(0.7)));
+    }
+
     /// `config/node.yaml` states every parameter the node declares, each
     /// with the node's own default, and nothing else.
     #[test]
@@ -501,12 +719,12 @@ mod tests {
         let defaults = NodeParams::default();
         let mut names: Vec<&str> = given.keys().map(|k| k.as_str().unwrap()).collect();
         names.sort_unstable();
-        let mut declared: Vec<&str> = PARAMETERS.iter().map(|p| p.0).collect();
+        let mut declared: Vec<&str> = PARAMETERS.iter().map(|p| p.name).collect();
         declared.sort_unstable();
         assert_eq!(names, declared, "parameters in {path} vs declared");
-        for (name, _) in PARAMETERS {
+        for name in PARAMETERS.iter().map(|p| p.name) {
             let want = defaults.get(name).unwrap();
-            let v = &given[*name];
+            let v = &given[name];
             let got = match &want {
                 ParameterValue::Double(_) => ParameterValue::Double(v.as_f64().unwrap()),
                 ParameterValue::Integer(_) => ParameterValue::Integer(v.as_i64().unwrap()),

@@ -417,9 +417,10 @@ impl Node {
         )?;
 
         let params = self.params.clone();
+        let params_struct_clone = params_struct.clone();
         let desc_params_future = desc_params_request_stream.for_each(
             move |req: ServiceRequest<DescribeParameters::Service>| {
-                Self::handle_desc_parameters(req, &params)
+                Self::handle_desc_parameters(req, &params, &params_struct_clone)
             },
         );
 
@@ -602,6 +603,7 @@ impl Node {
     fn handle_desc_parameters(
         req: ServiceRequest<rcl_interfaces::srv::DescribeParameters::Service>,
         params: &Arc<Mutex<IndexMap<String, Parameter>>>,
+        params_struct: &Option<Arc<Mutex<dyn RosParams + Send>>>,
     ) -> future::Ready<()> {
         use rcl_interfaces::{msg::ParameterDescriptor, srv::DescribeParameters};
         let mut descriptors = Vec::<ParameterDescriptor>::new();
@@ -609,11 +611,16 @@ impl Node {
         for name in &req.message.names {
             let default = Parameter::empty();
             let param = params.get(name).unwrap_or(&default);
+            // selectinfer patch: the parameter struct may give ranges,
+            // read-only and constraints (0.9.7 filled the description only).
+            let full = params_struct
+                .as_ref()
+                .and_then(|ps| ps.lock().unwrap().describe_parameter(name));
             descriptors.push(ParameterDescriptor {
                 name: name.clone(),
                 type_: param.value.into_parameter_type(),
                 description: param.description.to_string(),
-                ..Default::default()
+                ..full.unwrap_or_default()
             });
         }
         req.respond(DescribeParameters::Response { descriptors })

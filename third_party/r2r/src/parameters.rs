@@ -309,6 +309,14 @@ pub trait RosParams {
     fn get_parameter(&mut self, param_name: &str) -> Result<ParameterValue>;
     fn set_parameter(&mut self, param_name: &str, param_val: &ParameterValue) -> Result<()>;
     fn check_parameter(&self, param_name: &str, param_val: &ParameterValue) -> Result<()>;
+    /// selectinfer patch: the full descriptor of `param_name` (ranges,
+    /// read-only, constraints) for `describe_parameters`; `None` (the
+    /// default) describes it by its value's type and description only.
+    fn describe_parameter(
+        &self, _param_name: &str,
+    ) -> Option<rcl_interfaces::msg::ParameterDescriptor> {
+        None
+    }
 }
 
 // Implementation of RosParams for primitive types, i.e. leaf parameters
