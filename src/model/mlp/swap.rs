@@ -43,6 +43,12 @@ impl Mlp {
             .filter(|n| old.binary_search(n).is_err())
             .collect();
         if added.is_empty() {
+            // The same neurons: only back to canonical order, as every
+            // swap leaves a layer (a fresh load's storage order, so the
+            // same sums in the same order).
+            if self.order.is_some() {
+                self.arrange(&(0..self.width).collect::<Vec<_>>())?;
+            }
             return Ok(0);
         }
         let incoming = read(&added)?;
@@ -131,5 +137,55 @@ impl Mlp {
         self.order = None;
         self.front = self.width;
         read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn held_mlp(n: usize, h: usize) -> Mlp {
+        let r = |seed: f64| {
+            Tensor::arange(0f32, (n * h) as f32, &Device::Cpu)
+                .unwrap()
+                .affine(0.37, seed)
+                .unwrap()
+                .sin()
+                .unwrap()
+                .reshape((n, h))
+                .unwrap()
+        };
+        let mut m = Mlp::from_neuron_rows(&r(0.1), &r(0.7), &r(1.3)).unwrap();
+        m.neurons = Some((10..10 + n as u32).collect());
+        m
+    }
+
+    /// A swap to the neurons already held reads nothing and still leaves
+    /// the layer in canonical storage order, as a fresh load stores it.
+    #[test]
+    fn a_swap_to_the_same_neurons_restores_canonical_order() {
+        let (n, h) = (12, 8);
+        let fresh = held_mlp(n, h);
+        let x = Tensor::arange(0f32, (2 * h) as f32, &Device::Cpu)
+            .unwrap()
+            .affine(0.05, -0.4)
+            .unwrap()
+            .reshape((1, 2, h))
+            .unwrap();
+        let want = fresh.activations(&x).unwrap().flatten_all().unwrap();
+        let mut held = held_mlp(n, h);
+        held.arrange(&[2, 5, 9]).unwrap();
+        let ids = held.neurons().unwrap().to_vec();
+        let read = held
+            .swap_neurons(&ids, |_| panic!("nothing is added"))
+            .unwrap();
+        assert_eq!(read, 0);
+        let got = held.activations(&x).unwrap().flatten_all().unwrap();
+        assert_eq!(
+            got.to_vec1::<f32>().unwrap(),
+            want.to_vec1::<f32>().unwrap()
+        );
+        assert_eq!(held.front, n);
     }
 }
