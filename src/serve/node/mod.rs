@@ -22,6 +22,7 @@ mod action;
 mod diagnostics;
 mod lifecycle;
 mod messages;
+mod param_specs;
 mod params;
 mod service;
 mod topics;
@@ -41,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use params::PARAMETERS;
+pub use param_specs::PARAMETERS;
 
 /// Name the node runs under (the parameters file may key on it or `/**`).
 pub const NODE_NAME: &str = "selectinfer_node";

@@ -1,0 +1,287 @@
+//! The node's parameters as `ros2 param list/describe` show them: name,
+//! help, runtime or read-only, and the values each takes (ranges, names),
+//! checked on every set. Their typed values and handler live in
+//! [`super::params`].
+
+use crate::method::params::Score;
+use crate::method::Mode;
+use crate::sys::device::WeightDtype;
+use crate::sys::named::names;
+use anyhow::{bail, Result};
+use r2r::rcl_interfaces::msg::{FloatingPointRange, IntegerRange, ParameterDescriptor};
+use r2r::ParameterValue;
+
+/// What values a parameter takes, as `ros2 param describe` shows them
+/// (ranges are inclusive, as ROS's are); every set, at start-up or at
+/// runtime, is checked against it before the parameter's own validation.
+#[derive(Clone, Copy)]
+pub enum Values {
+    /// Any value of the parameter's type (its own check may refuse some).
+    Any,
+    /// A number in `[lo, hi]`.
+    Float(f64, f64),
+    /// An integer in `[lo, hi]`.
+    Int(i64, i64),
+    /// One of these names (comma-separated).
+    OneOf(fn() -> String),
+}
+
+/// One node parameter: name, help text (`ros2 param describe`), whether it
+/// may change at runtime (the rest are read-only: read at start-up) and
+/// the values it takes.
+pub struct Spec {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub runtime: bool,
+    pub values: Values,
+}
+
+/// Prompt and context lengths are bounded by the model long before this.
+const TOKENS_MAX: i64 = 1 << 20;
+/// Above a few, sampling is noise; the range keeps a typo (`70`) out.
+const TEMPERATURE_MAX: f64 = 10.0;
+const THREADS_MAX: i64 = 1024;
+const QUEUE_MAX: i64 = 10_000;
+const PERIOD_MIN_S: f64 = 0.01;
+const PERIOD_MAX_S: f64 = 3600.0;
+
+const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
+    Spec {
+        name,
+        help,
+        runtime,
+        values,
+    }
+}
+
+/// Every parameter, in the order `ros2 param list` shows.
+pub const PARAMETERS: &[Spec] = &[
+    spec(
+        "model",
+        "HF-style model folder (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "ranking",
+        "ranking file; empty = rankings/<model folder>.ranking.safetensors (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "task",
+        "task whose base neurons are loaded and static; changed at runtime, the next request of that task swaps the base set in (reading only the neurons it adds) (runtime)",
+        true,
+        Values::Any,
+    ),
+    spec(
+        "mode",
+        "dense | load-only | selectinfer | coreinfer | random-load | disk-offload (load-time)",
+        false,
+        Values::OneOf(names::<Mode>),
+    ),
+    spec(
+        "load_ratio",
+        "gamma: FFN neurons loaded per sparse layer (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "static_ratio",
+        "delta: base neurons always computed (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "compute_ratio",
+        "phi = delta + epsilon: neurons computed per prompt (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "token_ratio",
+        "alpha: per-token active fraction at prefill (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "score",
+        "counts | griffin | wina: how prefill ranks neurons for the dynamic set (load-time)",
+        false,
+        Values::OneOf(names::<Score>),
+    ),
+    spec(
+        "gate_keep",
+        "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "dense_layers",
+        "layers kept whole; negative counts from the end (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "plan_seed",
+        "seed of the random-load subset (load-time)",
+        false,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
+        "dtype",
+        "f32 | f16 | bf16 | q8 | q4 weights in memory (bf16: CUDA, compute capability >= 8.0; q8, q4: CPU, ggml blocks; load-time)",
+        false,
+        Values::OneOf(names::<WeightDtype>),
+    ),
+    spec(
+        "device",
+        "cpu | cuda:N (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "prefill_chunk",
+        "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
+        false,
+        Values::Int(1, TOKENS_MAX),
+    ),
+    spec(
+        "max_context",
+        "longest sequence served (prompt + generated); 0 = the model's, at most 4096 (load-time)",
+        false,
+        Values::Int(0, TOKENS_MAX),
+    ),
+    spec(
+        "memory_budget_mb",
+        "resident memory (MiB) to fit in: gamma is chosen so that weights, KV cache, temporaries and runtime stay within it, and a budget below the floor is refused naming it; 0 = load_ratio as given (load-time)",
+        false,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
+        "max_new_tokens",
+        "default new-token limit of a request (runtime)",
+        true,
+        Values::Int(1, TOKENS_MAX),
+    ),
+    spec(
+        "temperature",
+        "default sampling temperature, 0 = greedy (runtime)",
+        true,
+        Values::Float(0.0, TEMPERATURE_MAX),
+    ),
+    spec(
+        "top_p",
+        "default nucleus mass (runtime)",
+        true,
+        Values::Float(0.0, 1.0),
+    ),
+    spec(
+        "seed",
+        "default sampling seed (runtime)",
+        true,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
+        "system_prompt",
+        "system turn of every conversation that brings none; empty = the chat template's default (runtime)",
+        true,
+        Values::Any,
+    ),
+    spec(
+        "prefix_cache",
+        "reuse the last prompt's key/value cache (and prefill selection statistics) for a prompt that starts the same: a planner's fixed system prompt, a conversation so far (runtime)",
+        true,
+        Values::Any,
+    ),
+    spec(
+        "autostart",
+        "configure and activate at start-up (the lifecycle's configure loads the model); false = start unconfigured and wait for ~/change_state (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "threads",
+        "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
+        false,
+        Values::Int(0, THREADS_MAX),
+    ),
+    spec(
+        "queue_depth",
+        "requests waiting at most; more are rejected (load-time)",
+        false,
+        Values::Int(1, QUEUE_MAX),
+    ),
+    spec(
+        "instruction_topic",
+        "std_msgs/String instruction topic (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
+        "diagnostics_period_s",
+        "seconds between /diagnostics messages (load-time)",
+        false,
+        Values::Float(PERIOD_MIN_S, PERIOD_MAX_S),
+    ),
+];
+
+/// The parameter named `name`.
+pub(super) fn spec_of(name: &str) -> Option<&'static Spec> {
+    PARAMETERS.iter().find(|s| s.name == name)
+}
+
+impl Spec {
+    /// Refuses a value outside [`Spec::values`], naming the parameter and
+    /// the range. Type errors are left to the parameter's own parser.
+    pub(super) fn check(&self, v: &ParameterValue) -> Result<()> {
+        let name = self.name;
+        match (self.values, v) {
+            (Values::Float(lo, hi), ParameterValue::Double(x)) if !(lo..=hi).contains(x) => {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            (Values::Float(lo, hi), ParameterValue::Integer(x))
+                if !(lo..=hi).contains(&(*x as f64)) =>
+            {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            (Values::Int(lo, i64::MAX), ParameterValue::Integer(x)) if *x < lo => {
+                bail!("parameter {name} must be >= {lo}, got {x}")
+            }
+            (Values::Int(lo, hi), ParameterValue::Integer(x)) if !(lo..=hi).contains(x) => {
+                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The descriptor `~/describe_parameters` returns: read-only for the
+    /// load-time parameters, the range, the accepted names.
+    pub(super) fn descriptor(&self) -> ParameterDescriptor {
+        let mut d = ParameterDescriptor {
+            name: self.name.into(),
+            description: self.help.into(),
+            read_only: !self.runtime,
+            ..Default::default()
+        };
+        match self.values {
+            Values::Any => {}
+            Values::Float(from_value, to_value) => {
+                d.floating_point_range = vec![FloatingPointRange {
+                    from_value,
+                    to_value,
+                    step: 0.0,
+                }]
+            }
+            Values::Int(from_value, to_value) => {
+                d.integer_range = vec![IntegerRange {
+                    from_value,
+                    to_value,
+                    step: 1,
+                }]
+            }
+            Values::OneOf(names) => d.additional_constraints = format!("one of: {}", names()),
+        }
+        d
+    }
+}
