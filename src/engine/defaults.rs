@@ -120,6 +120,10 @@ pub const AUTOSTART: bool = true;
 pub const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.
 pub const INSTRUCTION_TOPIC: &str = "~/instructions";
+/// Node only: milliseconds at least between two replies (service responses,
+/// `~/response` messages), so a burst of rejections cannot overflow a
+/// default-QoS client's reply history (`serve::node::pacer`).
+pub const REPLY_PACE_MS: f64 = 5.0;
 /// Node only: seconds between `/diagnostics` messages.
 pub const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
 /// Tasks a request may name when the mode has no ranking file.

@@ -3,6 +3,7 @@
 //! into the Response message, the service response and the action result;
 //! the publishers every request's tokens and reply go out on.
 
+use super::pacer::Pacer;
 use crate::serve::server::{new_request_id, Reply, Request, TokenSink};
 use r2r::selectinfer_msgs::{msg as si, srv::Generate};
 use r2r::Publisher;
@@ -15,6 +16,8 @@ type Shared<T> = Arc<Mutex<Publisher<T>>>;
 pub(super) struct Outputs {
     pub tokens: Shared<si::Token>,
     pub responses: Shared<si::Response>,
+    /// Every reply (service response, `~/response` message) leaves through it.
+    pub pacer: Arc<Pacer>,
 }
 
 impl Outputs {
@@ -135,10 +138,14 @@ pub(super) fn request(
 }
 
 /// Publishes a reply on `~/response` (topic requests, rejected goals).
+/// Publishes the reply on `~/response`, paced behind the replies before it.
 pub(super) fn publish_response(out: &Outputs, reply: &Reply) {
-    if let Err(e) = out.responses.lock().unwrap().publish(&response_msg(reply)) {
-        log::error!("publishing the response of {}: {e}", reply.request_id);
-    }
+    let (responses, msg) = (out.responses.clone(), response_msg(reply));
+    out.pacer.send(move || {
+        if let Err(e) = responses.lock().unwrap().publish(&msg) {
+            log::error!("publishing the response of {}: {e}", msg.request_id);
+        }
+    });
 }
 
 pub(crate) use reply_into;

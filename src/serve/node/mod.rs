@@ -22,6 +22,7 @@ mod action;
 mod diagnostics;
 mod lifecycle;
 mod messages;
+mod pacer;
 mod param_specs;
 mod params;
 mod service;
@@ -81,6 +82,10 @@ fn run() -> Result<()> {
     let out = Outputs {
         tokens: Arc::new(Mutex::new(node.create_publisher("~/tokens", deep(1000))?)),
         responses: Arc::new(Mutex::new(node.create_publisher("~/response", deep(100))?)),
+        pacer: Arc::new(
+            pacer::Pacer::new(Duration::from_secs_f64(params.reply_pace_ms / 1000.0))
+                .context("starting the reply pacer")?,
+        ),
     };
     let services = node.create_service::<Generate::Service>(
         "~/generate",
@@ -140,6 +145,7 @@ fn run() -> Result<()> {
     log::info!("signal received: shutting down");
     // Answers what is still queued (rejections), then lets the node go.
     server.shutdown();
+    out.pacer.finish();
     drop(node);
     Ok(())
 }

@@ -43,6 +43,8 @@ const TEMPERATURE_MAX: f64 = 10.0;
 const THREADS_MAX: i64 = 1024;
 const QUEUE_MAX: i64 = 10_000;
 const PERIOD_MIN_S: f64 = 0.01;
+/// A second between replies would stall a queue's answers for minutes.
+const PACE_MAX_MS: f64 = 1000.0;
 const PERIOD_MAX_S: f64 = 3600.0;
 
 const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
@@ -211,6 +213,12 @@ pub const PARAMETERS: &[Spec] = &[
         "requests waiting at most; more are rejected (load-time)",
         false,
         Values::Int(1, QUEUE_MAX),
+    ),
+    spec(
+        "reply_pace_ms",
+        "milliseconds at least between two replies (service responses, ~/response messages): a burst of rejections paced so a client with default QoS (history 10) keeps its own replies; 0 = unpaced (load-time)",
+        false,
+        Values::Float(0.0, PACE_MAX_MS),
     ),
     spec(
         "instruction_topic",

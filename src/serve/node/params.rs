@@ -25,6 +25,7 @@ pub struct NodeParams {
     pub queue_depth: usize,
     pub instruction_topic: String,
     pub diagnostics_period_s: f64,
+    pub reply_pace_ms: f64,
     /// Compute threads (0 = one per core).
     pub threads: usize,
     /// Configure and activate at start-up.
@@ -51,6 +52,7 @@ impl Default for NodeParams {
             queue_depth: defaults::QUEUE_DEPTH,
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
             diagnostics_period_s: defaults::DIAGNOSTICS_PERIOD_S,
+            reply_pace_ms: defaults::REPLY_PACE_MS,
             threads: defaults::THREADS,
             autostart: defaults::AUTOSTART,
         }
@@ -216,6 +218,7 @@ impl NodeParams {
             "threads" => self.threads = non_negative(name, v)?.unwrap_or(0) as usize,
             "autostart" => self.autostart = boolean(name, v)?,
             "queue_depth" => self.queue_depth = positive_usize(name, v)?,
+            "reply_pace_ms" => self.reply_pace_ms = float(name, v)?,
             "instruction_topic" => self.instruction_topic = string(name, v)?,
             "diagnostics_period_s" => {
                 let s = float(name, v)?;
@@ -273,6 +276,7 @@ impl NodeParams {
             "threads" => ParameterValue::Integer(self.threads as i64),
             "autostart" => ParameterValue::Bool(self.autostart),
             "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
+            "reply_pace_ms" => ParameterValue::Double(self.reply_pace_ms),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
             "diagnostics_period_s" => ParameterValue::Double(self.diagnostics_period_s),
             _ => return None,

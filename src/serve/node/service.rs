@@ -1,5 +1,5 @@
 //! The service `~/generate`: each request joins the server's queue and is
-//! answered from the worker thread when its generation ends.
+//! answered when its generation ends, through the reply pacer.
 
 use super::lifecycle::Managed;
 use super::messages::{request_of, service_response, Outputs};
@@ -25,9 +25,12 @@ pub(super) async fn serve(
             on_token: out.token_sink(&id),
             on_done: Box::new(move |reply: Reply| {
                 out2.finish_tokens(&reply);
-                if let Err(e) = req.respond(service_response(&reply)) {
-                    log::error!("answering service request {}: {e}", reply.request_id);
-                }
+                let (response, id) = (service_response(&reply), reply.request_id);
+                out2.pacer.send(move || {
+                    if let Err(e) = req.respond(response) {
+                        log::error!("answering service request {id}: {e}");
+                    }
+                });
             }),
         };
         server.submit(job);
