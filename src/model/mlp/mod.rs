@@ -503,7 +503,7 @@ mod tests {
         }
     }
 
-    fn random_mlp(n: usize, h: usize) -> Mlp {
+    pub(super) fn random_mlp(n: usize, h: usize) -> Mlp {
         let dev = Device::Cpu;
         let r = |seed: f64| {
             Tensor::arange(0f32, (n * h) as f32, &dev)

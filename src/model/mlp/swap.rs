@@ -145,18 +145,9 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    /// A layer holding neurons 10.. of a model (a subset, so it can swap).
     fn held_mlp(n: usize, h: usize) -> Mlp {
-        let r = |seed: f64| {
-            Tensor::arange(0f32, (n * h) as f32, &Device::Cpu)
-                .unwrap()
-                .affine(0.37, seed)
-                .unwrap()
-                .sin()
-                .unwrap()
-                .reshape((n, h))
-                .unwrap()
-        };
-        let mut m = Mlp::from_neuron_rows(&r(0.1), &r(0.7), &r(1.3)).unwrap();
+        let mut m = crate::model::mlp::tests::random_mlp(n, h);
         m.neurons = Some((10..10 + n as u32).collect());
         m
     }
