@@ -43,9 +43,9 @@ const TEMPERATURE_MAX: f64 = 10.0;
 const THREADS_MAX: i64 = 1024;
 const QUEUE_MAX: i64 = 10_000;
 const PERIOD_MIN_S: f64 = 0.01;
+const PERIOD_MAX_S: f64 = 3600.0;
 /// A second between replies would stall a queue's answers for minutes.
 const PACE_MAX_MS: f64 = 1000.0;
-const PERIOD_MAX_S: f64 = 3600.0;
 
 const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
     Spec {
