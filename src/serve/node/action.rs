@@ -25,35 +25,57 @@ fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
     reply_into!(GenerateAction::Result, r, status: status)
 }
 
-/// Finds abandoned action goals. r2r does not say which client sent a goal,
-/// so the rule is conservative: a goal remembers the action clients on the
-/// graph at the first check after its acceptance (its sender among them, as
-/// its request was received), and is abandoned once all of those have left
-/// (their send_goal request writers are gone). It is then cancelled, which
-/// frees its slot.
+/// Finds abandoned action goals. Each goal remembers its client's DDS
+/// participant (the first 12 bytes of the goal request's writer GUID, which
+/// every endpoint of that client shares). Once that participant has been
+/// seen among the `send_goal` request writers on the graph and then no
+/// longer is (the client was destroyed, or its process died and its DDS
+/// lease ran out), the goal is abandoned: it is cancelled, which frees its
+/// slot. Other clients staying on the graph do not keep it alive.
 #[derive(Default)]
 pub(super) struct GoalWatch {
-    /// Running or queued goals: their cancel token and the clients seen at
-    /// the first check (empty until then).
-    pub goals: HashMap<String, (CancelToken, HashSet<Gid>)>,
+    /// Running or queued goals: their cancel token, their client's
+    /// participant and whether it has been seen on the graph yet.
+    pub goals: HashMap<String, Watched>,
 }
 
-type Gid = Vec<u8>;
+/// One watched goal.
+pub(super) struct Watched {
+    cancel: CancelToken,
+    client: Participant,
+    seen: bool,
+}
+
+/// A DDS participant: the 12-byte GUID prefix of its endpoints.
+pub(super) type Participant = [u8; 12];
+
+/// The participant of an endpoint GUID / GID (its first 12 bytes).
+pub(super) fn participant_of(guid: &[u8]) -> Participant {
+    let mut p = [0u8; 12];
+    let n = guid.len().min(12);
+    p[..n].copy_from_slice(&guid[..n]);
+    p
+}
 
 impl GoalWatch {
-    fn accept(&mut self, id: &str, cancel: CancelToken) {
-        self.goals.insert(id.to_string(), (cancel, HashSet::new()));
+    fn accept(&mut self, id: &str, cancel: CancelToken, client: Participant) {
+        let w = Watched {
+            cancel,
+            client,
+            seen: false,
+        };
+        self.goals.insert(id.to_string(), w);
     }
 
-    /// Takes the clients on the graph now; returns the goals whose clients
-    /// all left.
-    fn update(&mut self, present: &HashSet<Gid>) -> Vec<(String, CancelToken)> {
+    /// Takes the participants with a `send_goal` writer on the graph now;
+    /// returns the goals whose client was there before and has left.
+    fn update(&mut self, present: &HashSet<Participant>) -> Vec<(String, CancelToken)> {
         let mut gone = Vec::new();
-        for (id, (cancel, seen)) in self.goals.iter_mut() {
-            if seen.is_empty() {
-                seen.clone_from(present);
-            } else if seen.is_disjoint(present) && !cancel.is_cancelled() {
-                gone.push((id.clone(), cancel.clone()));
+        for (id, w) in self.goals.iter_mut() {
+            if present.contains(&w.client) {
+                w.seen = true;
+            } else if w.seen && !w.cancel.is_cancelled() {
+                gone.push((id.clone(), w.cancel.clone()));
             }
         }
         gone
@@ -84,6 +106,7 @@ pub(super) async fn serve(
             publish_response(&out, &Reply::error(&id, why));
             continue;
         }
+        let client = participant_of(&req.client_guid());
         let (goal, mut cancels) = match req.accept() {
             Ok(x) => x,
             Err(e) => {
@@ -92,7 +115,7 @@ pub(super) async fn serve(
             }
         };
         let cancel = CancelToken::default();
-        watch.lock().unwrap().accept(&id, cancel.clone());
+        watch.lock().unwrap().accept(&id, cancel.clone(), client);
         let watch_done = watch.clone();
         let (done_tx, mut done_rx) = oneshot::channel::<()>();
         let feedback_goal = goal.clone();
@@ -179,7 +202,10 @@ pub(super) fn cancel_abandoned(
 ) {
     match node.get_publishers_info_by_topic(send_goal_topic, true) {
         Ok(infos) => {
-            let present = infos.into_iter().map(|i| i.endpoint_gid.to_vec()).collect();
+            let present = infos
+                .iter()
+                .map(|i| participant_of(&i.endpoint_gid))
+                .collect();
             let gone = watch.lock().unwrap().update(&present);
             for (id, cancel) in &gone {
                 log::info!("goal {id}: its client left the graph; cancelling");
@@ -190,5 +216,51 @@ pub(super) fn cancel_abandoned(
             }
         }
         Err(e) => log::debug!("reading the graph for {send_goal_topic}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ps: &[Participant]) -> HashSet<Participant> {
+        ps.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_goal_is_abandoned_when_its_own_client_leaves_though_others_stay() {
+        let (a, b, c) = ([1u8; 12], [2u8; 12], [3u8; 12]);
+        let mut w = GoalWatch::default();
+        w.accept("from-a", CancelToken::default(), a);
+        w.accept("from-c", CancelToken::default(), c);
+        // c is not on the graph yet (discovery lags): never abandoned unseen.
+        assert!(w.update(&set(&[a, b])).is_empty());
+        assert!(w
+            .update(&set(&[b]))
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .eq(["from-a"]));
+        // Once seen, c's goal goes when c goes; a cancelled goal is not
+        // reported again.
+        assert!(w.update(&set(&[b, c])).iter().all(|(id, _)| id == "from-a"));
+        w.goals["from-a"].cancel.cancel();
+        let gone = w.update(&set(&[b]));
+        assert_eq!(
+            gone.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+            ["from-c"]
+        );
+    }
+
+    #[test]
+    fn a_participant_is_the_guid_prefix() {
+        let guid: Vec<u8> = (0..16).collect();
+        assert_eq!(
+            participant_of(&guid),
+            <[u8; 12]>::try_from(&guid[..12]).unwrap()
+        );
+        assert_eq!(
+            participant_of(&[7, 7]),
+            [7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
     }
 }

@@ -78,6 +78,16 @@ impl<T: 'static> ActionServerGoalRequest<T>
 where
     T: WrappedActionTypeSupport,
 {
+    /// The middleware's id of the client that sent this goal request (the
+    /// request header's `writer_guid`; with Fast DDS, the GUID of the
+    /// client's reply reader, whose first 12 bytes name its participant).
+    /// selectinfer patch: lets a server tell when the goal's own client
+    /// has left the graph.
+    pub fn client_guid(&self) -> [u8; 16] {
+        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+        self.request_id.writer_guid.map(|b| b as u8)
+    }
+
     /// Accept the goal request and become a ServerGoal.
     /// Returns a handle to the goal and a stream on which cancel requests can be received.
     pub fn accept(
