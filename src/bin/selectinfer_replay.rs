@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use selectinfer::serve::replay::ros::{run, ReplayOptions, Timing};
+use selectinfer::serve::replay::ros::{run, Progress, ReplayOptions, Timing};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,6 +69,7 @@ fn real_main() -> Result<()> {
         timeout_s: a.timeout_s,
         limit: a.limit,
         max_new_tokens: a.max_new_tokens,
+        on_progress: Some(print_progress),
     })?;
     let md = report.markdown();
     print!("{md}");
@@ -79,4 +80,18 @@ fn real_main() -> Result<()> {
         std::fs::write(&p, md)?;
     }
     Ok(())
+}
+
+/// One progress line on stderr (the report goes to stdout).
+fn print_progress(p: &Progress) {
+    eprintln!(
+        "[{:6.1} s] sent {}/{}, replied {} ({} rejected, {} failed), in flight {}",
+        p.elapsed_s,
+        p.sent,
+        p.planned,
+        p.replied,
+        p.rejected,
+        p.failed,
+        p.sent.saturating_sub(p.replied)
+    );
 }

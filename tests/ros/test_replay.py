@@ -48,6 +48,9 @@ def test_replay_accounts_for_every_prompt(node_proc, tmp_path, storage, kind):
             assert rec["latency_s"] > 0 and rec["ttft_s"] is not None
             assert rec["ttft_s"] <= rec["latency_s"]
     assert "| requests |" in p.stdout
+    # Progress on stderr while it runs; the last line is the final count.
+    progress = [l for l in p.stderr.splitlines() if l.startswith("[")]
+    assert progress and "sent 6/6, replied 6 " in progress[-1], p.stderr
 
 
 def test_bad_bags_give_clear_errors(tmp_path):

@@ -41,6 +41,24 @@ pub struct ReplayOptions {
     pub limit: Option<usize>,
     /// Overrides each prompt's max_new_tokens (`None`: as recorded).
     pub max_new_tokens: Option<i32>,
+    /// Called about every `PROGRESS_EVERY_S` while the replay runs, and at
+    /// its end (`None`: silent).
+    pub on_progress: Option<fn(&Progress)>,
+}
+
+/// Seconds between two progress reports of a replay.
+pub const PROGRESS_EVERY_S: f64 = 5.0;
+
+/// Where a running replay stands.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub elapsed_s: f64,
+    pub planned: usize,
+    pub sent: usize,
+    /// Requests with a reply (answered or refused).
+    pub replied: usize,
+    pub rejected: usize,
+    pub failed: usize,
 }
 
 /// A bag message turned into a prompt for the node.
@@ -178,7 +196,25 @@ pub fn run(opts: &ReplayOptions) -> Result<ReplayReport> {
     let mut inflight = 0usize;
     let mut answered = 0usize;
     let mut last_sent = start;
+    let mut last_progress = start;
+    let progress = |records: &[RequestRecord], sent: usize| Progress {
+        elapsed_s: start.elapsed().as_secs_f64(),
+        planned: records.len(),
+        sent,
+        replied: records.iter().filter(|r| r.answered).count(),
+        rejected: records.iter().filter(|r| r.rejected).count(),
+        failed: records
+            .iter()
+            .filter(|r| r.answered && !r.success && !r.rejected)
+            .count(),
+    };
     loop {
+        if let Some(report) = opts.on_progress {
+            if last_progress.elapsed().as_secs_f64() >= PROGRESS_EVERY_S {
+                last_progress = Instant::now();
+                report(&progress(&records, next));
+            }
+        }
         let now = start.elapsed().as_secs_f64();
         while next < planned.len() {
             let due = match opts.timing {
@@ -237,6 +273,9 @@ pub fn run(opts: &ReplayOptions) -> Result<ReplayReport> {
             );
             break;
         }
+    }
+    if let Some(report) = opts.on_progress {
+        report(&progress(&records, next));
     }
     let wall = start.elapsed().as_secs_f64();
     Ok(ReplayReport::new(
