@@ -1,17 +1,44 @@
 """Starts selectinfer_node with a parameters file (standard launch_ros API).
 
     ros2 launch selectinfer node.launch.py [params_file:=/path/to/node.yaml]
+        [respawn:=true] [respawn_delay:=1.0]
 
 The default parameters file is the installed share/selectinfer/config/node.yaml.
 Its `model` path is relative to the node's working directory; give an absolute
 path (or run from the repository root) on a real install.
+
+A node that dies (crash, kill -9, out of memory) is started again after
+`respawn_delay` seconds while `respawn` is true (the default): callers whose
+requests were in flight get no reply (their timeout fires); everything sent
+after the node is back is served. SIGINT to the launch stops the node for
+good: it answers or cancels what it had queued, then exits 0.
+
+`respawn` is passed on as a substitution; launch's ExecuteProcess takes
+`respawn_delay` only as a float, so the node is built in an OpaqueFunction
+that converts that argument when the launch runs.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
+
+
+def _node(context):
+    respawn_delay = float(LaunchConfiguration("respawn_delay").perform(context))
+    return [
+        Node(
+            package="selectinfer",
+            executable="selectinfer_node",
+            name="selectinfer_node",
+            output="screen",
+            emulate_tty=True,
+            parameters=[LaunchConfiguration("params_file")],
+            respawn=LaunchConfiguration("respawn"),
+            respawn_delay=respawn_delay,
+        )
+    ]
 
 
 def generate_launch_description():
@@ -22,12 +49,16 @@ def generate_launch_description():
         ),
         description="selectinfer_node parameters (YAML, ros__parameters)",
     )
-    node = Node(
-        package="selectinfer",
-        executable="selectinfer_node",
-        name="selectinfer_node",
-        output="screen",
-        emulate_tty=True,
-        parameters=[LaunchConfiguration("params_file")],
+    respawn = DeclareLaunchArgument(
+        "respawn",
+        default_value="true",
+        description="start the node again when it dies (true|false)",
     )
-    return LaunchDescription([params_file, node])
+    respawn_delay = DeclareLaunchArgument(
+        "respawn_delay",
+        default_value="1.0",
+        description="seconds between the node's death and its restart",
+    )
+    return LaunchDescription(
+        [params_file, respawn, respawn_delay, OpaqueFunction(function=_node)]
+    )
