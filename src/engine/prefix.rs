@@ -81,13 +81,19 @@ impl PrefixCache {
         } else {
             (common, None)
         };
-        earlier.retain(|s| s.at < tokens);
         let mut cache = self.cache;
+        let mut tokens = tokens;
+        if tokens > 0 {
+            if let Err(e) = cache.truncate(tokens) {
+                // Only a failed reallocation gets here: start afresh.
+                log::warn!("prefix cache: {e:#}; prefilling the whole prompt");
+                tokens = 0;
+            }
+        }
         if tokens == 0 {
             cache.reset();
-        } else {
-            cache.truncate(tokens);
         }
+        earlier.retain(|s| s.at < tokens);
         Reuse {
             tokens,
             cache,

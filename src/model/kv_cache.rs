@@ -54,10 +54,16 @@ impl KvCache {
         })
     }
 
-    /// Keeps the first `len` positions (the buffers stay; the next
-    /// positions overwrite the rest).
-    pub fn truncate(&mut self, len: usize) {
-        self.layers.iter_mut().for_each(|c| c.len = c.len.min(len));
+    /// Keeps the first `len` positions; the next positions overwrite the
+    /// rest. Buffers more than one [`GROW_BY`] step larger than needed are
+    /// reallocated to fit, so one long generation does not hold its memory
+    /// for every request after it.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        for c in self.layers.iter_mut() {
+            c.len = c.len.min(len);
+            c.shrink()?;
+        }
+        Ok(())
     }
 
     /// Forgets every position (and frees the buffers).
@@ -78,6 +84,25 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
+    /// Reallocates the buffers to `len` rounded up to [`GROW_BY`] when they
+    /// hold more than one spare step.
+    fn shrink(&mut self) -> Result<()> {
+        let keep = self.len.div_ceil(GROW_BY).max(1) * GROW_BY;
+        for buffer in [&mut self.k, &mut self.v] {
+            let Some(b) = buffer.as_ref() else { continue };
+            let (batch, heads, capacity, head_dim) = b.dims4()?;
+            if capacity <= keep + GROW_BY {
+                continue;
+            }
+            let smaller = Tensor::zeros((batch, heads, keep, head_dim), b.dtype(), b.device())?;
+            if self.len > 0 {
+                smaller.slice_set(&b.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+            }
+            *buffer = Some(smaller);
+        }
+        Ok(())
+    }
+
     /// Appends `k` and `v` (`[1, kv_heads, seq, head_dim]`); returns all the
     /// cached keys and values, `[1, kv_heads, len, head_dim]` views.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -279,5 +304,42 @@ mod tests {
         let err = c.push_row_and((&k, &v), (4, 4), |_, _| Ok(())).unwrap_err();
         assert!(format!("{err:#}").contains("kv cache"), "{err:#}");
         assert_eq!(c.len, 1);
+    }
+
+    /// After a long sequence, truncating to a short prefix gives the memory
+    /// back (buffers of one step) and keeps the prefix's rows; a buffer one
+    /// step larger than needed is left alone.
+    #[test]
+    fn truncating_after_a_long_sequence_shrinks_the_buffers_and_keeps_the_prefix() {
+        let (heads, hd) = (2, 4);
+        let mut cache = KvCache::new(1);
+        let n = 3 * GROW_BY + 7;
+        let k: Vec<f32> = (0..heads * n * hd).map(|i| i as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| x + 0.5).collect();
+        let (want_k, _) = cache.layers[0]
+            .append(&tensor(&k, heads, n, hd), &tensor(&v, heads, n, hd))
+            .unwrap();
+        let capacity = |c: &KvCache| c.layers[0].k.as_ref().unwrap().dims4().unwrap().2;
+        assert_eq!(capacity(&cache), 4 * GROW_BY);
+        cache.truncate(10).unwrap();
+        assert_eq!((cache.len(), capacity(&cache)), (10, GROW_BY));
+        let c = &cache.layers[0];
+        let kept = c.k.as_ref().unwrap().narrow(2, 0, 10).unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&kept), flat(&want_k.narrow(2, 0, 10).unwrap()));
+        let kept_v = c.v.as_ref().unwrap().narrow(2, 0, 10).unwrap();
+        assert_eq!(
+            flat(&kept_v),
+            flat(&kept).iter().map(|x| x + 0.5).collect::<Vec<_>>()
+        );
+        // Two steps for 300 positions: no reallocation.
+        let mut cache = KvCache::new(1);
+        let n = GROW_BY + 44;
+        let k: Vec<f32> = vec![1.0; heads * n * hd];
+        cache.layers[0]
+            .append(&tensor(&k, heads, n, hd), &tensor(&k, heads, n, hd))
+            .unwrap();
+        cache.truncate(5).unwrap();
+        assert_eq!(capacity(&cache), 2 * GROW_BY);
     }
 }
