@@ -26,7 +26,7 @@ outstanding until `--requests` are sent in all, each one drawn from the mix:
   so only client 0 sends them and the node-made ids on `~/response` are
   matched to them in order (count-exact; their latencies are approximate).
 
-`--vanish N` clients exit abruptly (os._exit, no cleanup) halfway through,
+`--vanish N` clients exit abruptly (os._exit, no cleanup) after half a share,
 with a long action goal (1024 tokens) of theirs running or queued: their
 requests are "abandoned", not lost, and the node must cancel those goals
 once DDS reports the client gone (its lease, 20 s with Fast DDS) and keep
@@ -269,7 +269,8 @@ def client_main(idx, cfg, quota, out, start, stop):
         if all(ready(k) for k in kinds):
             break
     start.wait(120)
-    vanish_at = quota // 2 if idx in cfg["vanishers"] else None
+    # A vanisher sends its (half) quota, then long goals until one runs.
+    vanish_at = quota if idx in cfg["vanishers"] else None
     # A vanisher goes on sending goals past its quota until one is running.
     limit = quota if vanish_at is None else quota + 100
     sent, deadline = 0, time.time() + cfg["deadline"]
@@ -490,7 +491,14 @@ def main(argv=None):
         "deadline": a.deadline, "seed": a.seed, "instruction_topic": f"{NS}/instructions",
         "vanishers": set(rng.sample(range(1, a.clients), min(a.vanish, a.clients - 1))),
     }
-    quotas = [a.requests // a.clients + (i < a.requests % a.clients) for i in range(a.clients)]
+    # Vanishers send half a share before they go; the others share the rest,
+    # so that at least --requests are sent in all.
+    half = a.requests // a.clients // 2
+    staying = [i for i in range(a.clients) if i not in cfg["vanishers"]]
+    rest = a.requests - half * (a.clients - len(staying))
+    quotas = [half] * a.clients
+    for j, i in enumerate(staying):
+        quotas[i] = rest // len(staying) + (j < rest % len(staying))
     procs = [ctx.Process(target=client_main, args=(i, cfg, quotas[i], out, start, stop))
              for i in range(a.clients)]
     for p in procs:
@@ -622,6 +630,10 @@ def account(a, done, vanished, orphans, dups, late, kills, rss, rss_end, runner,
     outcomes = {}
     for kind, outcome, *_ in final.values():
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    reasons = {}
+    for _, o, r, *_rest in final.values():
+        if o == "rejected" and r:
+            reasons[r] = reasons.get(r, 0) + 1
     no_reason = [rid for rid, (_, o, r, *_rest) in final.items() if o == "rejected" and not r]
     lost = [rid for rid, v in final.items() if v[1] == "LOST"]
     answered = [v for v in final.values() if v[1] == "answered"]
@@ -657,6 +669,8 @@ def account(a, done, vanished, orphans, dups, late, kills, rss, rss_end, runner,
     if rejected_lat:
         print(f"latency rejected n={len(rejected_lat)} p50 {fmt(pct(rejected_lat, 50))} s "
               f"p99 {fmt(pct(rejected_lat, 99))} s")
+    for r, n in sorted(reasons.items(), key=lambda x: -x[1]):
+        print(f"rejected {n}: {r}")
     print(f"throughput: {len(answered) / wall:.2f} answered/s, {len(final) / wall:.2f} ended/s")
     print(f"node RSS MiB: after 100 requests {fmt(after100, '.1f')}, end {fmt(rss_end, '.1f')}, "
           f"max {fmt(rss_max, '.1f')}; end/after-100 {fmt(growth, '.3f')}")
@@ -681,7 +695,7 @@ def account(a, done, vanished, orphans, dups, late, kills, rss, rss_end, runner,
     print("PASS" if ok else "FAIL")
     return {
         "ok": ok, "requests": len(final), "outcomes": outcomes, "lost": lost, "duplicates": dups,
-        "rejections_without_reason": no_reason, "goals_cancelled_client_left": left,
+        "rejections_without_reason": no_reason, "rejection_reasons": reasons, "goals_cancelled_client_left": left,
         "vanished_goals_not_freed": not_freed,
         "latency_answered_s": {k: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99)}
                                for k, v in lat.items()},
