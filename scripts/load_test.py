@@ -27,7 +27,7 @@ outstanding until `--requests` are sent in all, each one drawn from the mix:
   matched to them in order (count-exact; their latencies are approximate).
 
 `--vanish N` clients exit abruptly (os._exit, no cleanup) after half a share,
-with a long action goal (1024 tokens) of theirs running or queued: their
+with a long action goal (2048 tokens) of theirs running or queued: their
 requests are "abandoned", not lost, and the node must cancel those goals
 once DDS reports the client gone (its lease, 20 s with Fast DDS) and keep
 serving the others.
@@ -486,7 +486,7 @@ def main(argv=None):
     rng = random.Random(a.seed)
     cfg = {
         "weights": a.weights, "cancel": a.cancel, "inflight": a.inflight,
-        "backoff": a.backoff, "vanish_tokens": 1024,
+        "backoff": a.backoff, "vanish_tokens": 2048,
         "max_new_tokens": a.max_new_tokens, "request_timeout": a.request_timeout,
         "deadline": a.deadline, "seed": a.seed, "instruction_topic": f"{NS}/instructions",
         "vanishers": set(rng.sample(range(1, a.clients), min(a.vanish, a.clients - 1))),
@@ -642,7 +642,7 @@ def account(a, done, vanished, orphans, dups, late, kills, rss, rss_end, runner,
     rejected_lat = [v[3] for v in final.values() if v[1] == "rejected" and v[3] is not None]
     left = text.count("its client left the graph")
     # A vanished client's running goal must be cancelled by the node, not
-    # run to its 1024 tokens (a killed node never got the chance).
+    # run to its 2048 tokens (a killed node never got the chance).
     not_freed = [rid for rid in orphans if f"goal {rid}: its client left the graph" not in text
                  and not kills]
     after100 = next((r for _, n, r in rss if n >= 100), None)

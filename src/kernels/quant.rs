@@ -204,6 +204,17 @@ impl BundleLayout {
                 self.hidden
             );
         }
+        // A hidden size read from a file: its bundle size must not overflow.
+        let blocks = [self.gate, self.up, self.down].map(QFormat::block_bytes);
+        if (self.hidden / QK)
+            .checked_mul(blocks.iter().sum())
+            .is_none()
+        {
+            bail!(
+                "neuron bundles of hidden size {} are too large",
+                self.hidden
+            );
+        }
         Ok(())
     }
     pub fn gate_bytes(&self) -> usize {

@@ -83,9 +83,13 @@ impl FfnEntry {
 
 /// Bytes of a tensor of `shape` in `format`.
 fn tensor_bytes(format: &str, shape: &[usize]) -> Result<u64> {
-    let n: usize = shape.iter().product();
+    let too_large = || anyhow::anyhow!("shape {shape:?} is too large");
+    let n = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(too_large)?;
     if format == "f32" {
-        return Ok(4 * n as u64);
+        return n.checked_mul(4).map(|b| b as u64).ok_or_else(too_large);
     }
     let f: QFormat = format.parse()?;
     let cols = *shape.last().context("a tensor with no dimensions")?;
@@ -95,7 +99,11 @@ fn tensor_bytes(format: &str, shape: &[usize]) -> Result<u64> {
             crate::kernels::quant::QK
         );
     }
-    Ok((f.row_bytes(cols) * (n / cols.max(1))) as u64)
+    (cols / crate::kernels::quant::QK)
+        .checked_mul(f.block_bytes())
+        .and_then(|row| row.checked_mul(n / cols.max(1)))
+        .map(|b| b as u64)
+        .ok_or_else(too_large)
 }
 
 /// Writes a quantized checkpoint: `header` (offsets and sizes filled in
@@ -194,10 +202,12 @@ impl QFile {
                     path.display()
                 );
             }
-            let end = data_start + offset + bytes;
-            if end > size {
+            let end = data_start
+                .checked_add(offset)
+                .and_then(|e| e.checked_add(bytes));
+            if end.is_none_or(|end| end > size) {
                 bail!(
-                    "{} is truncated: {what} ends at byte {end}, the file has {size} (re-run `selectinfer quantize`)",
+                    "{} is truncated: {what} ends at byte {data_start} + {offset} + {bytes}, the file has {size} (re-run `selectinfer quantize`)",
                     path.display()
                 );
             }
@@ -212,11 +222,15 @@ impl QFile {
             let l = e
                 .layout()
                 .with_context(|| format!("{}: layer {i}'s bundles", path.display()))?;
+            let want = l
+                .bundle_bytes()
+                .checked_mul(e.neurons)
+                .with_context(|| format!("{}: layer {i} has too many neurons", path.display()))?;
             check(
                 &format!("layer {i}'s bundles"),
                 e.offset,
                 e.bytes,
-                (l.bundle_bytes() * e.neurons) as u64,
+                want as u64,
             )?;
         }
         Ok(Self {

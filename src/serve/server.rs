@@ -323,8 +323,9 @@ impl Server {
     }
 
     /// Checks what can be checked without the model; the worker checks the
-    /// prompt's length against the context.
-    fn check_request(&self, r: &Request) -> Result<()> {
+    /// prompt's length against the context. [`Server::submit`] answers a
+    /// request this refuses with the error; public for the fuzz tests.
+    pub fn check_request(&self, r: &Request) -> Result<()> {
         conversation("", &r.messages, &r.prompt)?;
         StopStrings::check(&r.stop)?;
         if let Some(g) = Grammar::of_fields(&r.json_schema, &r.grammar)? {

@@ -88,11 +88,20 @@ struct Gguf {
     content: gguf_file::Content,
 }
 
+/// Reads a GGUF header with candle's reader, which panics on some
+/// malformed files (an alignment of 0 divides by zero): that is the file's
+/// error, not a crash. Every GGUF reader of the project goes through here.
+pub fn read_gguf_header(path: &Path, f: &mut fs::File) -> Result<gguf_file::Content> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gguf_file::Content::read(f)))
+        .map_err(|_| anyhow::anyhow!("malformed GGUF header (candle's reader panicked)"))
+        .and_then(|r| Ok(r?))
+        .with_context(|| format!("{} is not a readable GGUF file", path.display()))
+}
+
 impl Gguf {
     fn open(path: &Path) -> Result<Self> {
         let mut f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let content = gguf_file::Content::read(&mut f)
-            .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
+        let content = read_gguf_header(path, &mut f)?;
         Ok(Self {
             path: path.to_path_buf(),
             content,

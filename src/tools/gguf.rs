@@ -20,8 +20,10 @@ impl QuantizedModel {
     pub fn load(path: &Path) -> Result<(Self, u64)> {
         let mut f =
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let content = gguf_file::Content::read(&mut f)
-            .with_context(|| format!("reading GGUF {}", path.display()))?;
+        let size = f.metadata()?.len();
+        let content = crate::tools::convert::read_gguf_header(path, &mut f)?;
+        check_loadable(&content, size)
+            .with_context(|| format!("GGUF {} cannot be loaded", path.display()))?;
         let has_output = content.tensor_infos.contains_key("output.weight");
         let bytes: u64 = content
             .tensor_infos
@@ -42,14 +44,16 @@ impl QuantizedModel {
                     content,
                     &mut f,
                     &Device::Cpu,
-                )?,
+                )
+                .with_context(|| format!("loading GGUF {}", path.display()))?,
             ),
             "qwen2" => Self::Qwen2(
                 candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
                     content,
                     &mut f,
                     &Device::Cpu,
-                )?,
+                )
+                .with_context(|| format!("loading GGUF {}", path.display()))?,
             ),
             other => bail!(
                 "{}: unsupported GGUF architecture '{other}'",
@@ -77,6 +81,98 @@ impl QuantizedModel {
         };
         Ok(logits.flatten_all()?)
     }
+}
+
+/// Entries of one rotary table candle builds at load (positions × half the
+/// head dimension): 16 Mi, far above real models (Qwen2.5: 32768 × 64).
+const ROPE_TABLE_MAX: u64 = 1 << 24;
+
+/// Refuses what candle's loaders would panic on or allocate without
+/// bound from the header's word alone: tensors reaching past the file or
+/// with an empty dimension, zero head counts, a block (or expert) count
+/// larger than the tensors the file holds, a rotary table larger than
+/// [`ROPE_TABLE_MAX`].
+fn check_loadable(content: &gguf_file::Content, file_size: u64) -> Result<()> {
+    for (name, t) in &content.tensor_infos {
+        let (bs, ts) = (
+            t.ggml_dtype.block_size() as u64,
+            t.ggml_dtype.type_size() as u64,
+        );
+        let dims = t.shape.dims();
+        // No elements to check against the file, yet its other dimensions
+        // size what a forward pass allocates.
+        if dims.contains(&0) {
+            bail!("tensor {name} has an empty dimension ({dims:?})");
+        }
+        let end = dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .filter(|n| n.is_multiple_of(bs))
+            .and_then(|n| (n / bs).checked_mul(ts))
+            .and_then(|b| {
+                content
+                    .tensor_data_offset
+                    .checked_add(t.offset)?
+                    .checked_add(b)
+            });
+        if end.is_none_or(|end| end > file_size) {
+            bail!(
+                "tensor {name} ({dims:?}, {:?}) does not lie inside the file ({file_size} bytes)",
+                t.ggml_dtype
+            );
+        }
+    }
+    let arch = content
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok().cloned())
+        .unwrap_or_default();
+    let get = |key: &str| {
+        content
+            .metadata
+            .get(&format!("{arch}.{key}"))
+            .and_then(|v| v.to_u32().ok())
+            .map(u64::from)
+    };
+    for key in ["attention.head_count", "attention.head_count_kv"] {
+        if get(key) == Some(0) {
+            bail!("{arch}.{key} is 0");
+        }
+    }
+    let has = |name: String| content.tensor_infos.contains_key(&name);
+    // Bounded by the tensor count: the loop stops at the first one missing.
+    if let Some(i) =
+        (0..get("block_count").unwrap_or(0)).find(|i| !has(format!("blk.{i}.attn_q.weight")))
+    {
+        bail!(
+            "{arch}.block_count is {}, but there is no tensor blk.{i}.attn_q.weight",
+            get("block_count").unwrap_or(0)
+        );
+    }
+    let experts = get("expert_count").filter(|&n| n > 1).unwrap_or(0);
+    if let Some(i) = (0..experts).find(|i| !has(format!("blk.0.ffn_gate.{i}.weight"))) {
+        bail!("{arch}.expert_count is {experts}, but there is no tensor blk.0.ffn_gate.{i}.weight");
+    }
+    let rope = match arch.as_str() {
+        // candle's llama: 4096 positions × rope.dimension_count / 2.
+        "llama" => get("rope.dimension_count").map(|d| 4096 * d.div_ceil(2)),
+        // candle's qwen2: context_length × (embedding_length / head_count) / 2
+        // (its positions and frequencies are allocated even when the other
+        // is 0).
+        "qwen2" => get("context_length")
+            .zip(get("embedding_length"))
+            .map(|(c, e)| {
+                let heads = get("attention.head_count").unwrap_or(1).max(1);
+                c.max(1) * (e / heads).div_ceil(2).max(1)
+            }),
+        _ => None,
+    };
+    if let Some(n) = rope.filter(|&n| n > ROPE_TABLE_MAX) {
+        bail!(
+            "its rotary dimensions make a table of {n} entries (at most {ROPE_TABLE_MAX} are taken)"
+        );
+    }
+    Ok(())
 }
 
 /// The GGUF kept in a prepared model folder, with the folder's tokenizer and

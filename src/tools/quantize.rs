@@ -167,8 +167,7 @@ pub fn quantize_model(dir: &Path, q: Quant) -> Result<PathBuf> {
     let gguf = if gguf_path.is_file() {
         let mut f = std::fs::File::open(&gguf_path)
             .with_context(|| format!("opening {}", gguf_path.display()))?;
-        let content = gguf_file::Content::read(&mut f)
-            .with_context(|| format!("reading GGUF {}", gguf_path.display()))?;
+        let content = convert::read_gguf_header(&gguf_path, &mut f)?;
         let names = content
             .tensor_infos
             .keys()

@@ -35,7 +35,7 @@ use futures::task::LocalSpawnExt;
 use futures::StreamExt;
 use lifecycle::Managed;
 use messages::Outputs;
-use params::{NodeParams, ParamHandle};
+use params::NodeParams;
 use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
 use r2r::{diagnostic_msgs, std_msgs, QosProfile};
 use std::process::ExitCode;
@@ -44,6 +44,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use param_specs::PARAMETERS;
+/// The parameter handler (public for the parameter fuzz tests).
+pub use params::ParamHandle;
 
 /// Name the node runs under (the parameters file may key on it or `/**`).
 pub const NODE_NAME: &str = "selectinfer_node";

@@ -328,9 +328,25 @@ fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
 }
 
 impl ParamHandle {
+    /// The handler of a node started with `overrides` (as a parameters
+    /// file gives them), unconfigured: no ROS, and no model until
+    /// `server.transition(..)` configures it. What r2r drives through
+    /// [`RosParams`]; public for the parameter fuzz tests.
+    pub fn from_overrides(overrides: &[(String, ParameterValue)]) -> Result<Self> {
+        let given: Vec<(String, Parameter)> = overrides
+            .iter()
+            .map(|(name, v)| (name.clone(), Parameter::new(v.clone())))
+            .collect();
+        let params = NodeParams::from_overrides(given.iter().map(|(n, p)| (n, p)))?;
+        Ok(Self {
+            server: Arc::new(Managed::new(params.clone())),
+            params,
+        })
+    }
+
     fn try_set(&self, name: &str, v: &ParameterValue) -> Result<NodeParams> {
         let Some(spec) = spec_of(name) else {
-            bail!("unknown parameter");
+            bail!("unknown parameter `{name}`");
         };
         if !spec.runtime {
             if self.params.get(name).as_ref() == Some(v) {

@@ -107,10 +107,24 @@ fn storage_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Largest record taken, uncompressed chunks included, unless the file is
+/// larger (rosbag2 writes chunks of 768 KiB).
+const MCAP_RECORD_MAX: usize = 1 << 28;
+
 fn read_mcap(f: &Path) -> Result<Vec<BagMessage>> {
-    let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-    let stream = mcap::MessageStream::new(&bytes)
-        .with_context(|| format!("bag file {}: not a readable MCAP file", f.display()))?;
+    use mcap::sans_io::LinearReaderOptions;
+    let file = std::fs::File::open(f).with_context(|| format!("reading {}", f.display()))?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    // A record length or a chunk's uncompressed size is allocated before
+    // it is read: past this limit they are refused, not allocated
+    // (mcap's MessageStream has no limit).
+    let limit = usize::try_from(size)
+        .unwrap_or(usize::MAX)
+        .max(MCAP_RECORD_MAX);
+    let stream = mcap::io::MessageReader::new_with_options(
+        std::io::BufReader::new(file),
+        LinearReaderOptions::default().with_record_length_limit(limit),
+    );
     let mut out = Vec::new();
     for m in stream {
         let m = m.with_context(|| {

@@ -1,0 +1,514 @@
+//! Property/fuzz tests (proptest) over every reader of untrusted bytes:
+//! the ranking file, the bag readers (MCAP, rosbag2 sqlite3, the bag
+//! folder's metadata.yaml), the GGUF reader, the quantized checkpoint and
+//! its neuron bundles, the safetensors row reader, request validation and
+//! the node's parameters (feature `ros`). Each reader gets random bytes
+//! and mutations of a valid file made by the project's own writer (byte
+//! edits, truncation, huge length/count fields, splices, edits of the JSON
+//! headers kept self-consistent so deeper code runs): it must answer Ok or
+//! an error naming the file, never panic, hang (a watchdog) or allocate
+//! from an unchecked length (a failed allocation aborts; a case whose peak
+//! RSS passes 1 GiB fails). Random `SetParameters` sequences must leave every
+//! parameter in its declared range, reflect each accepted set and name the
+//! parameter in each refusal.
+//!
+//! CI runs `SELECTINFER_FUZZ_CASES` inputs per reader (default 256):
+//! `cargo test --release --features ros --test fuzz_inputs -- --nocapture`
+//! prints `fuzz <reader>: <n> inputs, 0 panics (<k> accepted, ...)` per
+//! reader. The long run (its counts go to docs/BENCHMARKS.md):
+//! `SELECTINFER_FUZZ_CASES=20000 cargo test --release --features ros --test fuzz_inputs -- --nocapture`
+//!
+//! Each run draws new inputs from a random seed, printed with the counts;
+//! `SELECTINFER_FUZZ_SEED=<seed>` replays a run. A case running over 120 s
+//! aborts the run naming the reader and the input.
+//! `SELECTINFER_FUZZ_TRACE=1` prints every input before it runs (a failed
+//! allocation aborts before proptest can report: the last one printed is
+//! the culprit). [`regressions`] keeps the inputs that found bugs.
+
+/// Fails the case with a message unless `cond` holds.
+macro_rules! check {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+#[path = "fuzz/fixtures.rs"]
+mod fixtures;
+#[path = "fuzz/gguf.rs"]
+mod gguf;
+#[path = "fuzz/mutate.rs"]
+mod mutate;
+#[cfg(feature = "ros")]
+#[path = "fuzz/params.rs"]
+mod params;
+#[path = "fuzz/regressions.rs"]
+mod regressions;
+#[path = "fuzz/requests.rs"]
+mod requests;
+
+use mutate::{apply, apply_json, edits, json_edits, noise, Edit, JsonEdit, Noise};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+use selectinfer::serve::replay::bag::read_bag;
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Inputs per reader: `SELECTINFER_FUZZ_CASES`, default 256.
+pub fn cases() -> u32 {
+    std::env::var("SELECTINFER_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256)
+}
+
+/// Peak RSS a case may reach: the fixtures are tiny, the largest
+/// legitimate allocation a reader makes from a header is 256 MiB.
+const RSS_LIMIT: u64 = 1 << 30;
+
+/// Held while a case runs (see the peak RSS check).
+static ONE_CASE: Mutex<()> = Mutex::new(());
+
+/// Runs `test` on `cases()` inputs of `strategy`; a failure (an assertion
+/// or a panic) shrinks to a minimal input and fails the test with it.
+/// `test` answers whether the input was accepted (read without error).
+/// Prints the count of inputs tried and of those accepted.
+pub fn fuzz<S: Strategy>(reader: &str, strategy: S, test: impl Fn(S::Value) -> Result<bool, String>)
+where
+    S::Value: Debug,
+{
+    // Each run explores new inputs; SELECTINFER_FUZZ_SEED replays one.
+    let seed = std::env::var("SELECTINFER_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        max_shrink_iters: 512,
+        rng_seed: RngSeed::Fixed(seed),
+        ..Config::default()
+    });
+    // A watchdog for hangs: the input of a case running over 120 s is
+    // printed and the process aborted (a hang would never report itself).
+    let current = Arc::new(Mutex::new(String::new()));
+    let started = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let watchdog = {
+        let (current, started, done) = (current.clone(), started.clone(), done.clone());
+        let reader = reader.to_string();
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let s = started.load(Ordering::SeqCst);
+                if s > 0 && (t0.elapsed().as_millis() as u64).saturating_sub(s) > 120_000 {
+                    eprintln!(
+                        "fuzz {reader}: a case ran over 120 s (hang) on {} (seed {seed})",
+                        current.lock().unwrap()
+                    );
+                    std::process::abort();
+                }
+            }
+        })
+    };
+    let (tried, accepted) = (AtomicU64::new(0), AtomicU64::new(0));
+    // An allocation failure aborts at once: SELECTINFER_FUZZ_TRACE=1 prints
+    // each input first, so the last one printed is the culprit.
+    let trace = std::env::var_os("SELECTINFER_FUZZ_TRACE").is_some();
+    let result = runner.run(&strategy, |v| {
+        // One case at a time in the whole process, so that a peak RSS
+        // belongs to the case that made it.
+        let _one = ONE_CASE.lock().unwrap_or_else(|e| e.into_inner());
+        *current.lock().unwrap() = format!("{v:?}");
+        if trace {
+            eprintln!("fuzz {reader} input: {v:?}");
+        }
+        started.store(t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
+        tried.fetch_add(1, Ordering::Relaxed);
+        // Linux: "5" resets the process's peak RSS.
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let r = test(v).and_then(|ok| {
+            let peak = selectinfer::sys::memory::peak_rss_bytes();
+            check!(
+                peak <= RSS_LIMIT,
+                "peak RSS {} MiB (a length read from the input allocated?)",
+                peak >> 20
+            );
+            accepted.fetch_add(ok as u64, Ordering::Relaxed);
+            Ok(())
+        });
+        let r = r.map_err(TestCaseError::fail);
+        started.store(0, Ordering::SeqCst);
+        r
+    });
+    done.store(true, Ordering::SeqCst);
+    watchdog.join().unwrap();
+    if let Err(e) = result {
+        panic!("fuzz {reader}: {e} (replay: SELECTINFER_FUZZ_SEED={seed})");
+    }
+    println!(
+        "fuzz {reader}: {} inputs, 0 panics ({} accepted, {:.1} s, seed {seed})",
+        tried.load(Ordering::Relaxed),
+        accepted.load(Ordering::Relaxed),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// What a file reader must answer: Ok, or an error whose message names
+/// the file.
+pub fn clear<T>(r: &anyhow::Result<T>, file: &Path) -> Result<(), String> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            let name = file.file_name().unwrap().to_string_lossy();
+            if msg.contains(name.as_ref()) {
+                Ok(())
+            } else {
+                Err(format!("the error does not name {name}: {msg}"))
+            }
+        }
+    }
+}
+
+/// One input for a file reader.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Noise(Noise),
+    /// Byte edits of valid file number `.0`.
+    Bytes(usize, Vec<Edit>),
+    /// Edits of the JSON header (`.0 == 0`) or of the JSON document inside
+    /// it (`.0 == 1`); with `.1` the header's sizes are made to agree with
+    /// the edited shapes (wrapping), so the reader's deeper checks run.
+    Json(usize, bool, Vec<JsonEdit>),
+}
+
+/// Noise, byte edits of `valid` files and, for `json` > 0, JSON edits.
+fn inputs(valid: usize, json: usize) -> BoxedStrategy<Input> {
+    let bytes = prop_oneof![
+        1 => noise().prop_map(Input::Noise),
+        3 => (0..valid, edits()).prop_map(|(i, e)| Input::Bytes(i, e)),
+    ];
+    if json == 0 {
+        return bytes.boxed();
+    }
+    prop_oneof![
+        4 => bytes,
+        3 => (0..json, any::<bool>(), json_edits()).prop_map(|(i, c, e)| Input::Json(i, c, e)),
+    ]
+    .boxed()
+}
+
+/// A safetensors file's bytes for `input` (`valid` the unmutated file;
+/// JSON document 1 is the ranking metadata string).
+fn safetensors_bytes(valid: &[u8], input: &Input) -> Vec<u8> {
+    match input {
+        Input::Noise(n) => n.bytes(&valid[..8]),
+        Input::Bytes(_, e) => apply(valid, e),
+        Input::Json(which, consistent, e) => {
+            let (mut header, data) = mutate::split_safetensors(valid);
+            if *which == 0 {
+                header = apply_json(&header, e);
+                if *consistent {
+                    mutate::fit_safetensors(&mut header);
+                }
+            } else {
+                let meta = header["__metadata__"]["selectinfer"].as_str().unwrap();
+                let meta = apply_json(&serde_json::from_str(meta).unwrap(), e);
+                header["__metadata__"]["selectinfer"] = meta.to_string().into();
+            }
+            mutate::join_safetensors(&header, data)
+        }
+    }
+}
+
+#[test]
+fn ranking_reader() {
+    use selectinfer::method::ranking::{Ranking, IN_MODEL_FILE};
+    let tmp = tempfile::tempdir().unwrap();
+    let valid = std::fs::read(fixtures::model(tmp.path(), false).join(IN_MODEL_FILE)).unwrap();
+    let path = tmp.path().join("fuzz.ranking.safetensors");
+    let again = tmp.path().join("again.ranking.safetensors");
+    std::fs::write(&path, &valid).unwrap();
+    Ranking::load(&path).expect("the valid ranking");
+    fuzz("ranking", inputs(1, 2), |input| {
+        std::fs::write(&path, safetensors_bytes(&valid, &input)).unwrap();
+        let r = Ranking::load(&path);
+        clear(&r, &path)?;
+        if let Ok(r) = r {
+            // What was accepted is a valid ranking: it saves and reads back.
+            r.save(&again).map_err(|e| format!("{e:#}"))?;
+            let back = Ranking::load(&again).map_err(|e| format!("{e:#}"))?;
+            check!(back == r, "read back differs: {back:?} vs {r:?}");
+            return Ok(true);
+        }
+        Ok(false)
+    });
+}
+
+/// Reads bag `path` (a file or a folder): Ok with messages in time order,
+/// or an error naming `file`.
+fn check_bag(path: &Path, file: &Path) -> Result<bool, String> {
+    let r = read_bag(path);
+    clear(&r, file)?;
+    let Ok(m) = r else { return Ok(false) };
+    check!(
+        m.windows(2).all(|w| w[0].time_ns <= w[1].time_ns),
+        "messages out of time order"
+    );
+    Ok(true)
+}
+
+/// The bytes of a binary file reader's `input`.
+fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
+    match input {
+        Input::Noise(n) => n.bytes(magic),
+        Input::Bytes(i, e) => apply(&valid[*i], e),
+        Input::Json(..) => unreachable!("no JSON in this format"),
+    }
+}
+
+#[test]
+fn bag_reader_mcap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let valid = [
+        fixtures::mcap(true, false),
+        fixtures::mcap(false, false),
+        fixtures::mcap(true, true),
+    ];
+    let path = tmp.path().join("fuzz.mcap");
+    for v in &valid {
+        std::fs::write(&path, v).unwrap();
+        assert_eq!(read_bag(&path).unwrap().len(), 4, "the valid MCAP");
+    }
+    fuzz("bag mcap", inputs(3, 0), |input| {
+        std::fs::write(&path, file_bytes(&valid, b"\x89MCAP0\r\n", &input)).unwrap();
+        check_bag(&path, &path)
+    });
+}
+
+#[test]
+fn bag_reader_sqlite3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let valid = [fixtures::db3(&tmp.path().join("valid.db3"))];
+    let path = tmp.path().join("fuzz.db3");
+    assert_eq!(read_bag(&tmp.path().join("valid.db3")).unwrap().len(), 4);
+    fuzz("bag sqlite3", inputs(1, 0), |input| {
+        std::fs::write(&path, file_bytes(&valid, b"SQLite format 3\0", &input)).unwrap();
+        check_bag(&path, &path)
+    });
+}
+
+#[test]
+fn bag_reader_folder_metadata() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fuzz_bag");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("fuzz_bag_0.mcap"), fixtures::mcap(true, false)).unwrap();
+    let valid = [fixtures::bag_metadata("fuzz_bag_0.mcap").into_bytes()];
+    let yaml = dir.join("metadata.yaml");
+    std::fs::write(&yaml, &valid[0]).unwrap();
+    assert_eq!(read_bag(&dir).unwrap().len(), 4, "the valid bag folder");
+    fuzz("bag metadata.yaml", inputs(1, 0), |input| {
+        std::fs::write(
+            &yaml,
+            file_bytes(&valid, b"rosbag2_bagfile_information:", &input),
+        )
+        .unwrap();
+        // Errors name the folder (metadata.yaml and the storage file are in it).
+        check_bag(&dir, &dir)
+    });
+}
+
+/// A quantized checkpoint's bytes for `input`.
+fn qfile_bytes(valid: &[u8], input: &Input) -> Vec<u8> {
+    use selectinfer::model::qfile::{ALIGN, MAGIC};
+    let Input::Json(_, consistent, e) = input else {
+        return file_bytes(&[valid.to_vec()], MAGIC, input);
+    };
+    let len = u64::from_le_bytes(valid[8..16].try_into().unwrap()) as usize;
+    let data = &valid[(16 + len).next_multiple_of(ALIGN as usize)..];
+    let mut header = apply_json(&serde_json::from_slice(&valid[16..16 + len]).unwrap(), e);
+    if *consistent {
+        mutate::fit_qfile(&mut header);
+    }
+    let json = serde_json::to_vec(&header).unwrap();
+    let mut out = MAGIC.to_vec();
+    out.extend((json.len() as u64).to_le_bytes());
+    out.extend(json);
+    out.resize(out.len().next_multiple_of(ALIGN as usize), 0);
+    out.extend_from_slice(data);
+    out
+}
+
+#[test]
+fn qfile_and_bundles_reader() {
+    use selectinfer::model::qfile::{QFile, ALIGN};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = fixtures::model(tmp.path(), true);
+    let valid = std::fs::read(model.join("model.q8.siq")).unwrap();
+    let path = tmp.path().join("fuzz.q8.siq");
+    let q = QFile::open(&model.join("model.q8.siq")).expect("the valid checkpoint");
+    q.bundles(0, None).expect("its bundles");
+    fuzz("qfile + bundles", inputs(1, 1), |input| {
+        let bytes = qfile_bytes(&valid, &input);
+        std::fs::write(&path, &bytes).unwrap();
+        let r = QFile::open(&path);
+        clear(&r, &path)?;
+        let Ok(q) = r else { return Ok(false) };
+        // Everything the header names lies inside the file (no wrapping).
+        let size = bytes.len() as u64;
+        let len = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+        let data_start = (16 + len).next_multiple_of(ALIGN);
+        let spans = q.header.tensors.values().map(|e| (e.offset, e.bytes));
+        for (offset, n) in spans.chain(q.header.ffn.iter().map(|e| (e.offset, e.bytes))) {
+            let end = offset
+                .checked_add(n)
+                .and_then(|x| x.checked_add(data_start));
+            check!(
+                end.is_some_and(|end| end <= size),
+                "accepted bytes {offset}+{n} past data start {data_start} in a file of {size}"
+            );
+        }
+        // Every read answers Ok or an error naming the file.
+        for (name, e) in &q.header.tensors {
+            match e.shape[..] {
+                [n] if e.format == "f32" => clear(&q.f32(name, n), &path)?,
+                [rows, cols] => clear(&q.matrix(&[(name, rows)], cols), &path)?,
+                _ => {}
+            }
+        }
+        for (layer, e) in q.header.ffn.iter().enumerate() {
+            let ids: Vec<u32> = [0, 1, 2, 7, e.neurons.saturating_sub(1)]
+                .iter()
+                .map(|&i| i as u32)
+                .filter(|&i| (i as usize) < e.neurons)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            for ids in [None, Some(&ids[..])] {
+                let b = q.bundles(layer, ids);
+                clear(&b, &path)?;
+                match b {
+                    Ok(b) if b.layout().hidden <= 1 << 16 => {
+                        let h = b.layout().hidden;
+                        let y = b.forward_row(&vec![0.5; h]).map_err(|e| format!("{e:#}"))?;
+                        check!(y.len() == h, "forward_row gave {} values for {h}", y.len());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(true)
+    });
+}
+
+#[test]
+fn bundles_from_bytes() {
+    use selectinfer::kernels::quant::{BundleLayout, QFormat};
+    use selectinfer::model::bundles::Bundles;
+    let format = prop::sample::select(vec![
+        QFormat::Q4_0,
+        QFormat::Q4_1,
+        QFormat::Q5_0,
+        QFormat::Q8_0,
+    ]);
+    let hidden = prop_oneof![
+        3 => (0..8usize).prop_map(|k| k * 32),
+        1 => mutate::edge_u64().prop_map(|v| v as usize),
+    ];
+    // Random bytes for `count` bundles of the layout's true size, give or
+    // take `misaligned` bytes.
+    let data = (
+        0..40u128,
+        prop_oneof![3 => Just(0u128), 1 => 1..40u128],
+        any::<u64>(),
+    );
+    let strategy = (hidden, format.clone(), format.clone(), format, data);
+    fuzz("bundles", strategy, |(hidden, gate, up, down, data)| {
+        let layout = BundleLayout {
+            hidden,
+            gate,
+            up,
+            down,
+        };
+        // The bundle size, computed here without overflow.
+        let blocks = [gate, up, down]
+            .into_iter()
+            .map(|f| f.block_bytes() as u128);
+        let bb = (hidden / 32) as u128 * blocks.sum::<u128>();
+        let (count, misaligned, seed) = data;
+        let len = Some(count * bb + misaligned).filter(|&n| n <= 1 << 22);
+        let noise = Noise {
+            with_magic: false,
+            len: len.unwrap_or(count + misaligned) as usize,
+            seed,
+        };
+        let data = noise.bytes(&[]);
+        let len = data.len();
+        let Ok(b) = Bundles::new(layout, data) else {
+            return Ok(false);
+        };
+        // Accepted: the bytes are whole bundles of the layout's size.
+        check!(
+            b.len() as u128 * bb == len as u128,
+            "accepted {len} bytes as {} bundles of {bb} (hidden {hidden})",
+            b.len()
+        );
+        if !b.is_empty() && hidden <= 1 << 16 {
+            let y = b
+                .forward_row(&vec![0.25; hidden])
+                .map_err(|e| format!("{e:#}"))?;
+            check!(y.len() == hidden, "forward_row gave {} values", y.len());
+            check!(b.down_norms().len() == b.len(), "down_norms of {}", b.len());
+            let mut p = b.clone();
+            let rev: Vec<usize> = (0..b.len()).rev().collect();
+            p.permute(&rev).map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(true)
+    });
+}
+
+#[test]
+fn safetensors_row_reader() {
+    use candle_core::DType;
+    use selectinfer::model::rowread::RowReader;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = fixtures::model(tmp.path(), false);
+    let valid = std::fs::read(model.join("model.safetensors")).unwrap();
+    let names: Vec<String> = mutate::split_safetensors(&valid)
+        .0
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    let path = tmp.path().join("fuzz.safetensors");
+    let r = RowReader::open(&model.join("model.safetensors")).expect("the valid weights");
+    r.rows("model.embed_tokens.weight", &[0, 299], DType::F32)
+        .expect("its rows");
+    fuzz("safetensors rows", inputs(1, 1), |input| {
+        std::fs::write(&path, safetensors_bytes(&valid, &input)).unwrap();
+        let r = RowReader::open(&path);
+        clear(&r, &path)?;
+        let Ok(r) = r else { return Ok(false) };
+        for name in &names {
+            let Ok(e) = r.entry(name) else { continue };
+            if let [rows, cols] = e.shape[..] {
+                let last = |n: usize| [0, n.saturating_sub(1) as u32];
+                clear(&r.rows(name, &last(rows)[..rows.min(2)], DType::F32), &path)?;
+                clear(
+                    &r.columns_t(name, &last(cols)[..cols.min(2)], DType::F32),
+                    &path,
+                )?;
+            }
+        }
+        Ok(true)
+    });
+}
