@@ -1,21 +1,23 @@
 """Starts selectinfer_node with a parameters file (standard launch_ros API).
 
     ros2 launch selectinfer node.launch.py [params_file:=/path/to/node.yaml]
-        [respawn:=true] [respawn_delay:=1.0]
+        [respawn:=true] [respawn_delay:=1.0] [respawn_max_retries:=-1]
 
 The default parameters file is the installed share/selectinfer/config/node.yaml.
 Its `model` path is relative to the node's working directory; give an absolute
 path (or run from the repository root) on a real install.
 
 A node that dies (crash, kill -9, out of memory) is started again after
-`respawn_delay` seconds while `respawn` is true (the default): callers whose
+`respawn_delay` seconds while `respawn` is true (the default), at most
+`respawn_max_retries` times (-1, the default: always; a node that cannot
+start, a missing model say, then restarts every `respawn_delay`): callers whose
 requests were in flight get no reply (their timeout fires); everything sent
 after the node is back is served. SIGINT to the launch stops the node for
 good: it answers or cancels what it had queued, then exits 0.
 
 `respawn` is passed on as a substitution; launch's ExecuteProcess takes
-`respawn_delay` only as a float, so the node is built in an OpaqueFunction
-that converts that argument when the launch runs.
+`respawn_delay` only as a float and `respawn_max_retries` as an int, so the
+node is built in an OpaqueFunction that converts them when the launch runs.
 """
 
 from launch import LaunchDescription
@@ -27,6 +29,7 @@ from launch_ros.substitutions import FindPackageShare
 
 def _node(context):
     respawn_delay = float(LaunchConfiguration("respawn_delay").perform(context))
+    max_retries = int(LaunchConfiguration("respawn_max_retries").perform(context))
     return [
         Node(
             package="selectinfer",
@@ -37,6 +40,7 @@ def _node(context):
             parameters=[LaunchConfiguration("params_file")],
             respawn=LaunchConfiguration("respawn"),
             respawn_delay=respawn_delay,
+            respawn_max_retries=max_retries,
         )
     ]
 
@@ -59,6 +63,11 @@ def generate_launch_description():
         default_value="1.0",
         description="seconds between the node's death and its restart",
     )
+    max_retries = DeclareLaunchArgument(
+        "respawn_max_retries",
+        default_value="-1",
+        description="restarts at most (-1: no limit)",
+    )
     return LaunchDescription(
-        [params_file, respawn, respawn_delay, OpaqueFunction(function=_node)]
+        [params_file, respawn, respawn_delay, max_retries, OpaqueFunction(function=_node)]
     )

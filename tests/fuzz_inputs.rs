@@ -16,7 +16,7 @@
 //! `cargo test --release --features ros --test fuzz_inputs -- --nocapture`
 //! prints `fuzz <reader>: <n> inputs, 0 panics (<k> accepted, ...)` per
 //! reader. The long run (its counts go to docs/BENCHMARKS.md):
-//! `SELECTINFER_FUZZ_CASES=20000 cargo test --release --features ros --test fuzz_inputs -- --nocapture`
+//! `SELECTINFER_FUZZ_CASES=40000 cargo test --release --features ros --test fuzz_inputs -- --nocapture`
 //!
 //! Each run draws new inputs from a random seed, printed with the counts;
 //! `SELECTINFER_FUZZ_SEED=<seed>` replays a run. A case running over 120 s

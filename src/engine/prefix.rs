@@ -82,12 +82,13 @@ impl PrefixCache {
             (common, None)
         };
         let mut cache = self.cache;
-        let mut tokens = tokens;
+        let (mut tokens, mut counts) = (tokens, counts);
         if tokens > 0 {
             if let Err(e) = cache.truncate(tokens) {
-                // Only a failed reallocation gets here: start afresh.
+                // Only a failed reallocation gets here: start afresh, the
+                // checkpoint's counts with it.
                 log::warn!("prefix cache: {e:#}; prefilling the whole prompt");
-                tokens = 0;
+                (tokens, counts) = (0, None);
             }
         }
         if tokens == 0 {

@@ -22,6 +22,14 @@ impl QuantizedModel {
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let size = f.metadata()?.len();
         let content = crate::tools::convert::read_gguf_header(path, &mut f)?;
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        if !matches!(arch.as_str(), "llama" | "qwen2") {
+            bail!("{}: unsupported GGUF architecture '{arch}'", path.display());
+        }
         check_loadable(&content, size)
             .with_context(|| format!("GGUF {} cannot be loaded", path.display()))?;
         let has_output = content.tensor_infos.contains_key("output.weight");
@@ -33,11 +41,6 @@ impl QuantizedModel {
                 (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
             })
             .sum();
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default();
         let model = match arch.as_str() {
             "llama" => Self::Llama(
                 candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
@@ -84,8 +87,9 @@ impl QuantizedModel {
 }
 
 /// Entries of one rotary table candle builds at load (positions × half the
-/// head dimension): 16 Mi, far above real models (Qwen2.5: 32768 × 64).
-const ROPE_TABLE_MAX: u64 = 1 << 24;
+/// head dimension): 128 Mi (two f32 tables of 512 MiB), above the largest
+/// real contexts (Qwen2.5-1M: 1,010,000 × 64 ≈ 65 Mi).
+const ROPE_TABLE_MAX: u64 = 1 << 27;
 
 /// Refuses what candle's loaders would panic on or allocate without
 /// bound from the header's word alone: tensors reaching past the file or

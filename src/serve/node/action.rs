@@ -29,9 +29,13 @@ fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
 /// participant (the first 12 bytes of the goal request's writer GUID, which
 /// every endpoint of that client shares). Once that participant has been
 /// seen among the `send_goal` request writers on the graph and then no
-/// longer is (the client was destroyed, or its process died and its DDS
-/// lease ran out), the goal is abandoned: it is cancelled, which frees its
-/// slot. Other clients staying on the graph do not keep it alive.
+/// longer is (that participant has no `send_goal` writer left: its action
+/// client was destroyed, or its process died and its DDS lease ran out),
+/// the goal is abandoned: it is cancelled, which frees its slot. Other
+/// clients staying on the graph do not keep it alive. The GUID layout is
+/// Fast DDS's (the RMW `.ros/env.sh` selects); under an RMW whose
+/// `writer_guid` is no GUID the client is never seen and goals run to
+/// their end, as they would with no watch.
 #[derive(Default)]
 pub(super) struct GoalWatch {
     /// Running or queued goals: their cancel token, their client's
