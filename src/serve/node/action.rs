@@ -38,13 +38,15 @@ fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
 /// their end, as they would with no watch.
 #[derive(Default)]
 pub(super) struct GoalWatch {
-    /// Running or queued goals: their cancel token, their client's
-    /// participant and whether it has been seen on the graph yet.
-    pub goals: HashMap<String, Watched>,
+    /// Running or queued goals by goal id (two clients may use the same
+    /// request id): their request id, cancel token, client's participant
+    /// and whether it has been seen on the graph yet.
+    pub goals: HashMap<r2r::uuid::Uuid, Watched>,
 }
 
 /// One watched goal.
 pub(super) struct Watched {
+    request_id: String,
     cancel: CancelToken,
     client: Participant,
     seen: bool,
@@ -62,24 +64,32 @@ pub(super) fn participant_of(guid: &[u8]) -> Participant {
 }
 
 impl GoalWatch {
-    fn accept(&mut self, id: &str, cancel: CancelToken, client: Participant) {
+    fn accept(
+        &mut self,
+        goal: r2r::uuid::Uuid,
+        id: &str,
+        cancel: CancelToken,
+        client: Participant,
+    ) {
         let w = Watched {
+            request_id: id.to_string(),
             cancel,
             client,
             seen: false,
         };
-        self.goals.insert(id.to_string(), w);
+        self.goals.insert(goal, w);
     }
 
     /// Takes the participants with a `send_goal` writer on the graph now;
-    /// returns the goals whose client was there before and has left.
+    /// returns the goals (request id, cancel token) whose client was there
+    /// before and has left.
     fn update(&mut self, present: &HashSet<Participant>) -> Vec<(String, CancelToken)> {
         let mut gone = Vec::new();
-        for (id, w) in self.goals.iter_mut() {
+        for w in self.goals.values_mut() {
             if present.contains(&w.client) {
                 w.seen = true;
             } else if w.seen && !w.cancel.is_cancelled() {
-                gone.push((id.clone(), w.cancel.clone()));
+                gone.push((w.request_id.clone(), w.cancel.clone()));
             }
         }
         gone
@@ -110,7 +120,7 @@ pub(super) async fn serve(
             publish_response(&out, &Reply::error(&id, why));
             continue;
         }
-        let client = participant_of(&req.client_guid());
+        let (client, goal_id) = (participant_of(&req.client_guid()), req.uuid);
         let (goal, mut cancels) = match req.accept() {
             Ok(x) => x,
             Err(e) => {
@@ -119,7 +129,10 @@ pub(super) async fn serve(
             }
         };
         let cancel = CancelToken::default();
-        watch.lock().unwrap().accept(&id, cancel.clone(), client);
+        watch
+            .lock()
+            .unwrap()
+            .accept(goal_id, &id, cancel.clone(), client);
         let watch_done = watch.clone();
         let (done_tx, mut done_rx) = oneshot::channel::<()>();
         let feedback_goal = goal.clone();
@@ -169,7 +182,7 @@ pub(super) async fn serve(
             if let Err(e) = sent {
                 log::error!("sending the result of goal {id}: {e}");
             }
-            watch_done.lock().unwrap().goals.remove(&reply.request_id);
+            watch_done.lock().unwrap().goals.remove(&goal_id);
             let _ = done_tx.send(());
         });
         // Cancel requests until the goal is done.
@@ -235,8 +248,9 @@ mod tests {
     fn a_goal_is_abandoned_when_its_own_client_leaves_though_others_stay() {
         let (a, b, c) = ([1u8; 12], [2u8; 12], [3u8; 12]);
         let mut w = GoalWatch::default();
-        w.accept("from-a", CancelToken::default(), a);
-        w.accept("from-c", CancelToken::default(), c);
+        let (ga, gc) = (r2r::uuid::Uuid::from_u128(1), r2r::uuid::Uuid::from_u128(2));
+        w.accept(ga, "from-a", CancelToken::default(), a);
+        w.accept(gc, "from-c", CancelToken::default(), c);
         // c is not on the graph yet (discovery lags): never abandoned unseen.
         assert!(w.update(&set(&[a, b])).is_empty());
         assert!(w
@@ -247,7 +261,7 @@ mod tests {
         // Once seen, c's goal goes when c goes; a cancelled goal is not
         // reported again.
         assert!(w.update(&set(&[b, c])).iter().all(|(id, _)| id == "from-a"));
-        w.goals["from-a"].cancel.cancel();
+        w.goals[&ga].cancel.cancel();
         let gone = w.update(&set(&[b]));
         assert_eq!(
             gone.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
