@@ -208,7 +208,9 @@ impl Managed {
 
     /// Stops everything at exit.
     pub fn shutdown(&self) {
-        let server = self.inner.lock().unwrap().server.take();
+        // Kept in place: what arrives after this is refused by the server
+        // itself, as "the node is shutting down".
+        let server = self.inner.lock().unwrap().server.clone();
         if let Some(s) = server {
             s.shutdown();
         }

@@ -47,6 +47,10 @@ pub use param_specs::PARAMETERS;
 /// The parameter handler (public for the parameter fuzz tests).
 pub use params::ParamHandle;
 
+/// How long the node still takes requests after a stop signal, to refuse
+/// those already sent to it.
+const SHUTDOWN_DRAIN: Duration = Duration::from_millis(300);
+
 /// Name the node runs under (the parameters file may key on it or `/**`).
 pub const NODE_NAME: &str = "selectinfer_node";
 
@@ -145,8 +149,15 @@ fn run() -> Result<()> {
     );
     spin(&mut node, &mut pool, &watch, &server, &stop)?;
     log::info!("signal received: shutting down");
-    // Answers what is still queued (rejections), then lets the node go.
+    // Answers what is still queued (rejections), then, for a moment, what
+    // already reached the node's readers but was not taken yet (refused as
+    // "shutting down"), then lets the node go.
     server.shutdown();
+    let drain = Instant::now();
+    while drain.elapsed() < SHUTDOWN_DRAIN {
+        node.spin_once(Duration::from_millis(20));
+        pool.run_until_stalled();
+    }
     out.pacer.finish();
     drop(node);
     Ok(())
