@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
 
 /// Positions a layer's buffers grow by.
-pub(super) const GROW_BY: usize = 256;
+pub const GROW_BY: usize = 256;
 
 /// Per-layer key/value cache of one sequence.
 #[derive(Debug, Clone)]
@@ -35,6 +35,12 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// Positions the buffers have room for (the first layer's keys).
+    pub fn capacity(&self) -> usize {
+        let first = self.layers.first().and_then(|c| c.k.as_ref());
+        first.and_then(|k| k.dims4().ok()).map_or(0, |d| d.2)
+    }
+
     /// A copy with buffers of its own (a clone shares them, and the next
     /// positions either writes would land in the same storage).
     pub fn fork(&self) -> Result<Self> {
@@ -55,7 +61,7 @@ impl KvCache {
     }
 
     /// Keeps the first `len` positions; the next positions overwrite the
-    /// rest. Buffers more than one [`GROW_BY`] step larger than needed are
+    /// rest. Buffers larger than `len` rounded up to a [`GROW_BY`] step are
     /// reallocated to fit, so one long generation does not hold its memory
     /// for every request after it.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
@@ -84,14 +90,14 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
-    /// Reallocates the buffers to `len` rounded up to [`GROW_BY`] when they
-    /// hold more than one spare step.
+    /// Reallocates the buffers to `len` rounded up to [`GROW_BY`] (one step
+    /// at least) when they are larger.
     fn shrink(&mut self) -> Result<()> {
         let keep = self.len.div_ceil(GROW_BY).max(1) * GROW_BY;
         for buffer in [&mut self.k, &mut self.v] {
             let Some(b) = buffer.as_ref() else { continue };
             let (batch, heads, capacity, head_dim) = b.dims4()?;
-            if capacity <= keep + GROW_BY {
+            if capacity <= keep {
                 continue;
             }
             let smaller = Tensor::zeros((batch, heads, keep, head_dim), b.dtype(), b.device())?;
@@ -307,8 +313,8 @@ mod tests {
     }
 
     /// After a long sequence, truncating to a short prefix gives the memory
-    /// back (buffers of one step) and keeps the prefix's rows; a buffer one
-    /// step larger than needed is left alone.
+    /// back (buffers of one step) and keeps the prefix's rows; a buffer that
+    /// fits is left alone.
     #[test]
     fn truncating_after_a_long_sequence_shrinks_the_buffers_and_keeps_the_prefix() {
         let (heads, hd) = (2, 4);
@@ -319,10 +325,9 @@ mod tests {
         let (want_k, _) = cache.layers[0]
             .append(&tensor(&k, heads, n, hd), &tensor(&v, heads, n, hd))
             .unwrap();
-        let capacity = |c: &KvCache| c.layers[0].k.as_ref().unwrap().dims4().unwrap().2;
-        assert_eq!(capacity(&cache), 4 * GROW_BY);
+        assert_eq!(cache.capacity(), 4 * GROW_BY);
         cache.truncate(10).unwrap();
-        assert_eq!((cache.len(), capacity(&cache)), (10, GROW_BY));
+        assert_eq!((cache.len(), cache.capacity()), (10, GROW_BY));
         let c = &cache.layers[0];
         let kept = c.k.as_ref().unwrap().narrow(2, 0, 10).unwrap();
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -332,14 +337,16 @@ mod tests {
             flat(&kept_v),
             flat(&kept).iter().map(|x| x + 0.5).collect::<Vec<_>>()
         );
-        // Two steps for 300 positions: no reallocation.
+        // Two steps for 300 positions, truncated to 260: no reallocation.
         let mut cache = KvCache::new(1);
         let n = GROW_BY + 44;
         let k: Vec<f32> = vec![1.0; heads * n * hd];
         cache.layers[0]
             .append(&tensor(&k, heads, n, hd), &tensor(&k, heads, n, hd))
             .unwrap();
+        cache.truncate(GROW_BY + 4).unwrap();
+        assert_eq!(cache.capacity(), 2 * GROW_BY);
         cache.truncate(5).unwrap();
-        assert_eq!(capacity(&cache), 2 * GROW_BY);
+        assert_eq!(cache.capacity(), GROW_BY);
     }
 }
