@@ -466,7 +466,7 @@ def fmt(x, spec=".2f"):
 
 def main(argv=None):
     a = parse_args(argv)
-    os.environ["ROS_DOMAIN_ID"] = str(a.domain or random.Random(os.getpid()).randint(101, 200))
+    os.environ["ROS_DOMAIN_ID"] = str(a.domain or random.Random(os.getpid()).randint(1, 101))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if not a.launch and not NODE_BIN.exists():
         sys.exit(f"{NODE_BIN} missing: cargo build --release --features ros --bins")

@@ -18,7 +18,9 @@ HARNESS = ROOT / "scripts" / "load_test.py"
 
 def harness(tmp_path, *args, timeout=600):
     out = tmp_path / "report.json"
-    domain = str(int(os.environ["ROS_DOMAIN_ID"]) + 100)  # apart from the module nodes
+    # An id apart from the module nodes' one, within 1-101 (higher ids can
+    # meet Linux's ephemeral ports).
+    domain = str((int(os.environ["ROS_DOMAIN_ID"]) + 50) % 101 + 1)
     p = subprocess.run([sys.executable, str(HARNESS), "--domain", domain, "--json", str(out),
                         "--log", str(tmp_path / "node.log"), *args],
                        capture_output=True, text=True, timeout=timeout, cwd=ROOT)
