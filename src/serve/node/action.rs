@@ -110,21 +110,36 @@ pub(super) async fn serve(
         let g = &req.goal;
         let r = request_of!(g);
         let id = r.id.clone();
+        // Goal responses leave through the pacer, as service replies do:
+        // every client's reader gets every goal response, and a burst of
+        // them overflowed default-QoS clients (8 planners x 10 goals at
+        // once: 133 of 400 goals never heard back before).
         if let Err(why) = server.room() {
             // An action goal response has no reason field: the reason
             // goes to ~/response under the goal's request id.
             log::info!("goal {id} {why}");
-            if let Err(e) = req.reject() {
-                log::error!("rejecting goal {id}: {e}");
-            }
+            let rid = id.clone();
+            out.pacer.send(move || {
+                if let Err(e) = req.reject() {
+                    log::error!("rejecting goal {rid}: {e}");
+                }
+            });
             publish_response(&out, &Reply::error(&id, why));
             continue;
         }
         let (client, goal_id) = (participant_of(&req.client_guid()), req.uuid);
-        let (goal, mut cancels) = match req.accept() {
-            Ok(x) => x,
-            Err(e) => {
+        let (accepted_tx, accepted) = oneshot::channel();
+        out.pacer.send(move || {
+            let _ = accepted_tx.send(req.accept());
+        });
+        let (goal, mut cancels) = match accepted.await {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
                 log::error!("accepting goal {id}: {e}");
+                continue;
+            }
+            Err(_) => {
+                log::error!("accepting goal {id}: the reply pacer dropped it");
                 continue;
             }
         };

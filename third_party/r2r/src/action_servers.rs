@@ -61,6 +61,11 @@ impl ActionServerCancelRequest {
 }
 
 /// Request to the action server to accept a new `Goal`.
+/// Goal requests an action server holds before they are taken (its rcl
+/// goal service's history) and after (the stream's channel).
+/// selectinfer patch: 10 in 0.9.7.
+pub const GOAL_REQUEST_DEPTH: usize = 1000;
+
 pub struct ActionServerGoalRequest<T>
 where
     T: WrappedActionTypeSupport,
@@ -744,7 +749,16 @@ pub fn create_action_server_helper(
         CString::new(action_name).map_err(|_| Error::RCL_RET_INVALID_ARGUMENT)?;
 
     let result = unsafe {
-        let server_options = rcl_action_server_get_default_options();
+        let mut server_options = rcl_action_server_get_default_options();
+        // selectinfer patch: goal requests are kept 1000 deep (rcl's
+        // default, the services profile, keeps 10: a burst of goals from
+        // several clients lost requests before they were taken).
+        // `goal_service_qos` is the options' first field (rcl_action's
+        // `rcl_action_server_options_t`; opaque in these bindings).
+        let goal_qos = (&mut server_options as *mut rcl_action_server_options_t)
+            .cast::<rmw_qos_profile_t>();
+        (*goal_qos).history = rmw_qos_history_policy_e::RMW_QOS_POLICY_HISTORY_KEEP_LAST;
+        (*goal_qos).depth = GOAL_REQUEST_DEPTH;
 
         rcl_action_server_init(
             &mut server_handle,

@@ -937,8 +937,11 @@ impl Node {
         }
         let mut clock_handle = Box::new(unsafe { clock_handle.assume_init() });
 
+        // selectinfer patch: 10 in 0.9.7, and a full channel dropped the
+        // goal request (`try_send`), unanswered, when goals came faster
+        // than the server's stream was read.
         let (goal_request_sender, goal_request_receiver) =
-            mpsc::channel::<ActionServerGoalRequest<T>>(10);
+            mpsc::channel::<ActionServerGoalRequest<T>>(crate::action_servers::GOAL_REQUEST_DEPTH);
 
         let server_handle = create_action_server_helper(
             self.node_handle.as_mut(),
