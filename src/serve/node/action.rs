@@ -110,10 +110,11 @@ pub(super) async fn serve(
         let g = &req.goal;
         let r = request_of!(g);
         let id = r.id.clone();
-        // Goal responses leave through the pacer, as service replies do:
-        // every client's reader gets every goal response, and a burst of
-        // them overflowed default-QoS clients (8 planners x 10 goals at
-        // once: 133 of 400 goals never heard back before).
+        // Rejections leave through the pacer, as service replies do: every
+        // client's reader gets every goal response, and a burst of them
+        // overflows default-QoS clients (8 planners x 10 goals at once:
+        // 133 of 400 goals never heard back, with r2r's goal-request depth
+        // of 10 as well).
         if let Err(why) = server.room() {
             // An action goal response has no reason field: the reason
             // goes to ~/response under the goal's request id.
@@ -128,18 +129,13 @@ pub(super) async fn serve(
             continue;
         }
         let (client, goal_id) = (participant_of(&req.client_guid()), req.uuid);
-        let (accepted_tx, accepted) = oneshot::channel();
-        out.pacer.send(move || {
-            let _ = accepted_tx.send(req.accept());
-        });
-        let (goal, mut cancels) = match accepted.await {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => {
+        // Accepted at once: admission (room, accept, submit) stays one step
+        // on this thread, so the slot seen free is the slot taken; at most
+        // queue_depth + 1 acceptances come in a burst.
+        let (goal, mut cancels) = match req.accept() {
+            Ok(x) => x,
+            Err(e) => {
                 log::error!("accepting goal {id}: {e}");
-                continue;
-            }
-            Err(_) => {
-                log::error!("accepting goal {id}: the reply pacer dropped it");
                 continue;
             }
         };
