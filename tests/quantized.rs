@@ -166,10 +166,17 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
         "{n} positions: q8 KL {:.4} top-1 {:.3}; q4 KL {:.4} top-1 {:.3}; candle GGUF KL {:.4} top-1 {:.3}",
         mean(0), agree(0), mean(1), agree(1), mean(2), agree(2)
     );
-    // Measured: q8 0.0036 / 0.974, q4 0.0030 / 1.0, candle GGUF 0.0026 / 1.0
-    // (q8 requantizes SmolLM2's Q4_1 values: two roundings, not one).
+    // Measured: q8 0.0036–0.0044 / 0.974, q4 0.0030–0.0035 / 0.974–1.0,
+    // candle GGUF 0.0026 / 1.0 (q8 requantizes SmolLM2's Q4_1 values: two
+    // roundings, not one). The range is the back ends': AVX2 gives the low
+    // ends, AVX-512 and the portable loops the high ones. Their dots agree
+    // to ~1e-6, but each decode step rounds the activations to 8 bits again,
+    // and a last-digit difference that moves a value across a rounding
+    // boundary moves the logits: decode logits of two back ends differ by
+    // KL ~0.001 on these 39 positions (the dev-prompt fidelity runs of
+    // docs/BENCHMARKS.md average over ~1,900 positions).
     assert!(
-        mean(1) <= 1.25 * mean(2),
+        mean(1) <= 1.5 * mean(2),
         "q4's KL {} is above the GGUF model's {}",
         mean(1),
         mean(2)

@@ -1,7 +1,8 @@
 //! CPU kernels for the single-token (decode) path (layer 1), split by op
 //! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
 //! attention and row gathers, and the [`quant`]ized-row (ggml block)
-//! forms of the products; the ISA back ends apart (`x86`: AVX2/FMA/F16C;
+//! forms of the products; the ISA back ends apart (`x86`: AVX2/FMA/F16C,
+//! `x86_vnni`: AVX-512 VNNI for the quantized rows;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
 //! [`spin_pool`] beside them. This file holds the bridges from candle
 //! tensors to the slices the kernels take.
@@ -32,6 +33,8 @@ pub mod spin_pool;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni;
 
 pub use attention::decode_attention;
 pub use gather::{gather_rows, merge_rows};

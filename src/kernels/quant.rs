@@ -5,8 +5,9 @@
 //! a row's axpy into an f32 vector (`down_proj`'s neuron rows), a matrix
 //! product over rows of blocks, and the whole SwiGLU MLP over *neuron
 //! bundles* (a neuron's gate row, up row and down row stored together).
-//! The back ends are apart: `x86_quant` (AVX2/FMA/F16C) and
-//! `portable_quant` (every other target; NEON on aarch64 by the compiler).
+//! The back ends are apart: `x86_vnni` (AVX-512 with VNNI: Zen 4, Ice
+//! Lake and later), `x86_quant` (AVX2/FMA/F16C) and `portable_quant`
+//! (every other target; NEON on aarch64 by the compiler).
 //!
 //! Every block holds 32 weights and an f16 scale `d` (`Q4_1` also an f16
 //! minimum `m`). A weight is `d·q` for `Q8_0` (`q` an i8), `d·(q-8)` for
@@ -18,7 +19,7 @@
 use super::portable_quant;
 use super::spin_pool::{DisjointSlice, SpinPool};
 #[cfg(target_arch = "x86_64")]
-use super::x86_quant;
+use super::{x86_quant, x86_vnni};
 use anyhow::{bail, Result};
 
 /// Weights per block.
@@ -71,12 +72,17 @@ impl QFormat {
 }
 
 /// The activations of one row quantized per block of 32: `q` (i8), the
-/// block's scale `d` and `s = d·Σq` (what the formats with an offset need).
+/// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
+/// for the AVX-512 kernels also `d8` (each `d` 8 times) and `corr` (per
+/// block 8 i32: `-Σq`, then 7 zeros), so that a pair of blocks loads its
+/// scales and offsets in one register each.
 #[derive(Debug, Clone, Default)]
 pub struct Q8Act {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    pub d8: Vec<f32>,
+    pub corr: Vec<i32>,
 }
 
 impl Q8Act {
@@ -89,8 +95,10 @@ impl Q8Act {
             q: vec![0; x.len()],
             d: Vec::with_capacity(blocks),
             s: Vec::with_capacity(blocks),
+            d8: Vec::with_capacity(blocks * 8),
+            corr: vec![0; blocks * 8],
         };
-        for (xb, qb) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)) {
+        for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -101,6 +109,8 @@ impl Q8Act {
             }
             a.d.push(d);
             a.s.push(d * sum as f32);
+            a.d8.extend([d; 8]);
+            a.corr[b * 8] = -sum;
         }
         a
     }
@@ -125,12 +135,31 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
 pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     debug_assert_eq!(row.len(), format.row_bytes(x.len()));
     #[cfg(target_arch = "x86_64")]
+    if x86_vnni::available() {
+        // SAFETY: the CPU has AVX-512 with VNNI (checked); as below.
+        return unsafe { x86_vnni::dot(format, row, x) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if x86_quant::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above); the row
         // holds `x.len() / 32` blocks.
         return unsafe { x86_quant::dot(format, row, x) };
     }
     portable_quant::dot(format, row, x)
+}
+
+/// `(r0 · x, r1 · x)` for two rows of one format (a neuron's gate and up).
+#[inline]
+pub fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+    debug_assert_eq!(r0.len(), format.row_bytes(x.len()));
+    debug_assert_eq!(r1.len(), format.row_bytes(x.len()));
+    #[cfg(target_arch = "x86_64")]
+    if x86_vnni::available() {
+        // SAFETY: the CPU has AVX-512 with VNNI (checked); each row holds
+        // `x.len() / 32` blocks.
+        return unsafe { x86_vnni::dot2(format, r0, r1, x) };
+    }
+    (dot(format, r0, x), dot(format, r1, x))
 }
 
 /// `y += a · row` (the row dequantized; as long as `y`).
@@ -149,6 +178,11 @@ pub fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
 #[inline]
 pub fn axpy4(format: QFormat, a: [f32; 4], rows: [&[u8]; 4], y: &mut [f32]) {
     debug_assert!(rows.iter().all(|r| r.len() == format.row_bytes(y.len())));
+    #[cfg(target_arch = "x86_64")]
+    if x86_vnni::available() {
+        // SAFETY: the CPU has AVX-512 with VNNI (checked); as below.
+        return unsafe { x86_vnni::axpy4(format, a, rows, y) };
+    }
     #[cfg(target_arch = "x86_64")]
     if x86_quant::available() {
         // SAFETY: as above; each row holds `y.len() / 32` blocks.
@@ -264,27 +298,25 @@ pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, bundles: &[u8], y: &mut 
         // SAFETY: one partial per block; the blocks of one call are distinct.
         let part = unsafe { parts.range(index * h..(index + 1) * h) };
         let mine = &bundles[block.start * bb..block.end * bb];
-        let act: Vec<f32> = mine
-            .chunks_exact(bb)
-            .map(|b| {
-                let (g, u, _) = layout.split(b);
-                swiglu(dot(layout.gate, g, &xq), dot(layout.up, u, &xq))
-            })
-            .collect();
-        let down = |i: usize| layout.split(&mine[i * bb..(i + 1) * bb]).2;
-        let mut i = 0;
-        while i + 4 <= act.len() {
-            let a = [act[i], act[i + 1], act[i + 2], act[i + 3]];
-            axpy4(
-                layout.down,
-                a,
-                [down(i), down(i + 1), down(i + 2), down(i + 3)],
-                part,
-            );
-            i += 4;
+        // One pass in memory order: four neurons' gate and up rows, then
+        // their down rows.
+        let act = |b: &[u8]| {
+            let (g, u, _) = layout.split(b);
+            let (g, u) = if layout.gate == layout.up {
+                dot2(layout.gate, g, u, &xq)
+            } else {
+                (dot(layout.gate, g, &xq), dot(layout.up, u, &xq))
+            };
+            swiglu(g, u)
+        };
+        let mut fours = mine.chunks_exact(4 * bb);
+        for four in &mut fours {
+            let b: [&[u8]; 4] = std::array::from_fn(|j| &four[j * bb..(j + 1) * bb]);
+            let a = b.map(act);
+            axpy4(layout.down, a, b.map(|b| layout.split(b).2), part);
         }
-        for (j, &a) in act.iter().enumerate().skip(i) {
-            axpy(layout.down, a, down(j), part);
+        for b in fours.remainder().chunks_exact(bb) {
+            axpy(layout.down, act(b), layout.split(b).2, part);
         }
     });
     y.fill(0.0);
@@ -385,6 +417,38 @@ pub(crate) mod tests {
                     (got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
                     "portable {f} dot of {k}: {got} vs {want}"
                 );
+                // Both x86 back ends, whichever `dot` picked.
+                #[cfg(target_arch = "x86_64")]
+                for (name, ok) in [
+                    ("avx2", x86_quant::available()),
+                    ("avx512", x86_vnni::available()),
+                ] {
+                    if !ok {
+                        continue;
+                    }
+                    // SAFETY: the back end's features are present (checked).
+                    let got = unsafe {
+                        if name == "avx2" {
+                            x86_quant::dot(f, &row, &xq)
+                        } else {
+                            x86_vnni::dot(f, &row, &xq)
+                        }
+                    };
+                    assert!(
+                        (got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{name} {f} dot of {k}: {got} vs {want}"
+                    );
+                }
+                let w2 = data(k, 13);
+                let row2 = quantize_rows(&w2, k, f);
+                // As two dots, up to the order of the sums.
+                let (a, b) = dot2(f, &row, &row2, &xq);
+                for (got, want) in [(a, dot(f, &row, &xq)), (b, dot(f, &row2, &xq))] {
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{f} dot2 of {k}: {got} vs {want}"
+                    );
+                }
                 let mut y = data(k, 9);
                 let mut yp = y.clone();
                 let want: Vec<f32> = y.iter().zip(&wd).map(|(y, w)| y + 0.37 * w).collect();
@@ -403,6 +467,22 @@ pub(crate) mod tests {
                 axpy4(f, [0.1, 0.2, 0.3, -0.4], [&row, &row, &row, &row], &mut y4);
                 for (a, b) in y4.iter().zip(&want4) {
                     assert!((a - b).abs() < 1e-4, "{f} axpy4 of {k}: {a} vs {b}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if x86_quant::available() {
+                    let mut y4 = data(k, 9);
+                    // SAFETY: AVX2/FMA/F16C are present (checked).
+                    unsafe {
+                        x86_quant::axpy4(
+                            f,
+                            [0.1, 0.2, 0.3, -0.4],
+                            [&row, &row, &row, &row],
+                            &mut y4,
+                        )
+                    };
+                    for (a, b) in y4.iter().zip(&want4) {
+                        assert!((a - b).abs() < 1e-4, "avx2 {f} axpy4 of {k}: {a} vs {b}");
+                    }
                 }
                 let mut out = vec![0f32; k];
                 dequantize_row(f, &row, &mut out);

@@ -18,7 +18,7 @@ const PREFETCH_BYTES: usize = 1024;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_to_f32(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_to_f32(p: *const u8) -> f32 {
     // Inserted into a zeroed register: a plain 16-bit load becomes a
     // `vpinsrw` merging into whatever register is free, which chained
     // every block to the one before (through the offset sum).
@@ -136,6 +136,22 @@ unsafe fn dot_format<const F: u8>(row: &[u8], x: &Q8Act) -> f32 {
         step(i, &mut acc0, &mut offset);
     }
     hsum(_mm256_add_ps(acc0, acc1)) + offset
+}
+
+/// Block `i` of a row (at `b`) times block `i` of `x`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `b` holds one block; `x` has block `i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_dot(format: QFormat, b: *const u8, x: &Q8Act, i: usize) -> f32 {
+    let (w, scale, off) = block(format, b);
+    let y = _mm256_loadu_si256(x.q.as_ptr().add(i * QK) as *const __m256i);
+    let p = if format == QFormat::Q8_0 {
+        udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
+    } else {
+        udot(w, y)
+    };
+    hsum(p) * scale * x.d[i] + off * x.s[i]
 }
 
 /// `row · x`.

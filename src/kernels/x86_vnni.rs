@@ -1,0 +1,270 @@
+//! The AVX-512 back end of the quantized-row kernels (AVX512F/BW/VL and
+//! VNNI: AMD Zen 4 and later, Intel Ice Lake and later), used when
+//! [`available`] says the CPU has them; otherwise [`super::x86_quant`]
+//! (AVX2). Formats: [`super::quant`].
+//!
+//! Two blocks at a time in one 512-bit register, in weight order: block A's
+//! 32 weights in bytes 0–31, block B's in 32–63, so the activations load as
+//! they are stored. `vpdpbusd` sums four unsigned-weight × signed-activation
+//! products per i32 lane, so lanes 0–7 hold block A's partial sums and 8–15
+//! block B's; one conversion and one multiply-add by the blocks' scales
+//! (`d_w·d_x`, each repeated over its 8 lanes) finish the pair. Weights are
+//! made unsigned: the nibble formats are (`q`, `Q5_0`'s fifth bit added under
+//! a mask), `Q8_0`'s bytes get `+128` (an `xor`); the offset this leaves
+//! (`-8`, `-16`, `-128` times `Σ x_q` of the block) starts the i32 sum, from
+//! [`Q8Act::corr`], so it is exact. `Q4_1`'s `m·Σx` is added per block in f32.
+//!
+//! `down_proj`'s `Q8_0` neuron rows (the axpy) widen 16 bytes at a time
+//! to f32 in one instruction. The other formats' axpy stays with AVX2.
+
+use super::quant::{Q8Act, QFormat, QK};
+use super::x86_quant;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+/// How far ahead of the loads the kernels ask for the weights (as the
+/// AVX2 kernels).
+const PREFETCH_BYTES: usize = 2048;
+
+/// True when the CPU has AVX512F/BW/VL/VNNI (and AVX2/FMA/F16C), unless
+/// `SELECTINFER_KERNELS=avx2` asks for the AVX2 kernels (to compare them).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        x86_quant::available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+            && std::env::var("SELECTINFER_KERNELS").map_or(true, |v| v != "avx2")
+    })
+}
+
+/// The format a kernel's const parameter stands for (as in `x86_quant`).
+const fn format_of(f: u8) -> QFormat {
+    match f {
+        0 => QFormat::Q4_0,
+        1 => QFormat::Q4_1,
+        2 => QFormat::Q5_0,
+        _ => QFormat::Q8_0,
+    }
+}
+
+/// The i32 offset per block, as a power of two, that makes the weights
+/// unsigned: `q - 8`, `q - 16`, `(q + 128) - 128`; none for `Q4_1`.
+const fn offset_shift(format: QFormat) -> i32 {
+    match format {
+        QFormat::Q4_0 => 3,
+        QFormat::Q5_0 => 4,
+        QFormat::Q8_0 => 7,
+        QFormat::Q4_1 => -1,
+    }
+}
+
+/// Blocks A (at `b`) and B (at `b + bb`): their 64 weights as unsigned
+/// bytes, in weight order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_weights<const F: u8>(b: *const u8, bb: usize) -> __m512i {
+    let format = format_of(F);
+    if format == QFormat::Q8_0 {
+        let a = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let c = _mm256_loadu_si256(b.add(bb + 2) as *const __m256i);
+        let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
+        return _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+    }
+    let qs = match format {
+        QFormat::Q4_0 => 2,
+        QFormat::Q4_1 => 4,
+        _ => 6,
+    };
+    // Each block's 16 bytes twice; the second copy shifted by 4: low
+    // nibbles (weights 0–15), then high ones (16–31).
+    let a = _mm256_broadcastsi128_si256(_mm_loadu_si128(b.add(qs) as *const __m128i));
+    let c = _mm256_broadcastsi128_si256(_mm_loadu_si128(b.add(bb + qs) as *const __m128i));
+    let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
+    let w = _mm512_srlv_epi64(w, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    let w = _mm512_and_si512(w, _mm512_set1_epi8(0x0f));
+    if format == QFormat::Q5_0 {
+        let ha = (b.add(2) as *const u32).read_unaligned() as u64;
+        let hc = (b.add(bb + 2) as *const u32).read_unaligned() as u64;
+        return _mm512_mask_add_epi8(w, ha | hc << 32, w, _mm512_set1_epi8(0x10));
+    }
+    w
+}
+
+/// The pair's scales `d_w`, each over its block's 8 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_scales(b: *const u8, bb: usize) -> __m512 {
+    let da = (b as *const u16).read_unaligned() as u32;
+    let dc = (b.add(bb) as *const u16).read_unaligned() as u32;
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128((da | dc << 16) as i32));
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_format<const F: u8>(row: &[u8], x: &Q8Act) -> f32 {
+    let format = format_of(F);
+    let bb = format.block_bytes();
+    let blocks = row.len() / bb;
+    let (rp, qp) = (row.as_ptr(), x.q.as_ptr());
+    let (d8, corr) = (x.d8.as_ptr(), x.corr.as_ptr());
+    let shift = _mm_cvtsi32_si128(offset_shift(format));
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut offset = 0f32;
+    // Blocks `i` and `i + 1` into `acc`.
+    let pair = |i: usize, acc: &mut __m512, offset: &mut f32| {
+        let b = rp.add(i * bb);
+        let w = pair_weights::<F>(b, bb);
+        let y = _mm512_loadu_si512(qp.add(i * QK) as *const __m512i);
+        let init = if format == QFormat::Q4_1 {
+            _mm512_setzero_si512()
+        } else {
+            _mm512_sll_epi32(_mm512_loadu_si512(corr.add(i * 8) as *const __m512i), shift)
+        };
+        let sums = _mm512_dpbusd_epi32(init, w, y);
+        let scale = _mm512_mul_ps(pair_scales(b, bb), _mm512_loadu_ps(d8.add(i * 8)));
+        *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), *acc);
+        if format == QFormat::Q4_1 {
+            *offset += x86_quant::f16_to_f32(b.add(2)) * *x.s.get_unchecked(i)
+                + x86_quant::f16_to_f32(b.add(bb + 2)) * *x.s.get_unchecked(i + 1);
+        }
+    };
+    let mut i = 0;
+    // Two pairs at a time, into two accumulators.
+    while i + 4 <= blocks {
+        _mm_prefetch::<_MM_HINT_T0>((rp.add(i * bb) as *const i8).wrapping_add(PREFETCH_BYTES));
+        pair(i, &mut acc0, &mut offset);
+        pair(i + 2, &mut acc1, &mut offset);
+        i += 4;
+    }
+    if i + 2 <= blocks {
+        pair(i, &mut acc0, &mut offset);
+        i += 2;
+    }
+    let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset;
+    if i < blocks {
+        // An odd last block: the AVX2 kernel on it alone.
+        sum += x86_quant::block_dot(format, rp.add(i * bb), x, i);
+    }
+    sum
+}
+
+/// `row · x`.
+///
+/// # Safety
+/// [`available`] is true; `row` holds `x.len() / 32` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+    match format {
+        QFormat::Q4_0 => dot_format::<0>(row, x),
+        QFormat::Q4_1 => dot_format::<1>(row, x),
+        QFormat::Q5_0 => dot_format::<2>(row, x),
+        QFormat::Q8_0 => dot_format::<3>(row, x),
+    }
+}
+
+/// `(r0 · x, r1 · x)` for two rows of one format (a neuron's gate and up
+/// rows): the activations, their scales and offsets loaded once per pair.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot2_format<const F: u8>(r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+    let format = format_of(F);
+    let bb = format.block_bytes();
+    let blocks = r0.len() / bb;
+    let (p0, p1, qp) = (r0.as_ptr(), r1.as_ptr(), x.q.as_ptr());
+    let (d8, corr) = (x.d8.as_ptr(), x.corr.as_ptr());
+    let shift = _mm_cvtsi32_si128(offset_shift(format));
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (mut off0, mut off1) = (0f32, 0f32);
+    let mut i = 0;
+    while i + 2 <= blocks {
+        let (b0, b1) = (p0.add(i * bb), p1.add(i * bb));
+        _mm_prefetch::<_MM_HINT_T0>((b0 as *const i8).wrapping_add(PREFETCH_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>((b1 as *const i8).wrapping_add(PREFETCH_BYTES));
+        let y = _mm512_loadu_si512(qp.add(i * QK) as *const __m512i);
+        let init = if format == QFormat::Q4_1 {
+            _mm512_setzero_si512()
+        } else {
+            _mm512_sll_epi32(_mm512_loadu_si512(corr.add(i * 8) as *const __m512i), shift)
+        };
+        let dx = _mm512_loadu_ps(d8.add(i * 8));
+        let s0 = _mm512_dpbusd_epi32(init, pair_weights::<F>(b0, bb), y);
+        let s1 = _mm512_dpbusd_epi32(init, pair_weights::<F>(b1, bb), y);
+        let w0 = _mm512_mul_ps(pair_scales(b0, bb), dx);
+        let w1 = _mm512_mul_ps(pair_scales(b1, bb), dx);
+        acc0 = _mm512_fmadd_ps(w0, _mm512_cvtepi32_ps(s0), acc0);
+        acc1 = _mm512_fmadd_ps(w1, _mm512_cvtepi32_ps(s1), acc1);
+        if format == QFormat::Q4_1 {
+            let (sa, sb) = (*x.s.get_unchecked(i), *x.s.get_unchecked(i + 1));
+            off0 +=
+                x86_quant::f16_to_f32(b0.add(2)) * sa + x86_quant::f16_to_f32(b0.add(bb + 2)) * sb;
+            off1 +=
+                x86_quant::f16_to_f32(b1.add(2)) * sa + x86_quant::f16_to_f32(b1.add(bb + 2)) * sb;
+        }
+        i += 2;
+    }
+    let mut out = (
+        _mm512_reduce_add_ps(acc0) + off0,
+        _mm512_reduce_add_ps(acc1) + off1,
+    );
+    if i < blocks {
+        out.0 += x86_quant::block_dot(format, p0.add(i * bb), x, i);
+        out.1 += x86_quant::block_dot(format, p1.add(i * bb), x, i);
+    }
+    out
+}
+
+/// `(r0 · x, r1 · x)`, two rows of one format.
+///
+/// # Safety
+/// [`available`] is true; each row holds `x.len() / 32` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+    match format {
+        QFormat::Q4_0 => dot2_format::<0>(r0, r1, x),
+        QFormat::Q4_1 => dot2_format::<1>(r0, r1, x),
+        QFormat::Q5_0 => dot2_format::<2>(r0, r1, x),
+        QFormat::Q8_0 => dot2_format::<3>(r0, r1, x),
+    }
+}
+
+/// `y += Σ_r a[r] · rows[r]` over four `Q8_0` rows: per block, `y`'s 32
+/// values in two registers across the four rows; each row's 32 bytes
+/// widened 16 at a time straight from memory.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn axpy4_q8(a: [f32; 4], rows: [*const u8; 4], y: &mut [f32]) {
+    let bb = QFormat::Q8_0.block_bytes();
+    let yp = y.as_mut_ptr();
+    for i in 0..y.len() / QK {
+        let yq = yp.add(i * QK);
+        let (mut lo, mut hi) = (_mm512_loadu_ps(yq), _mm512_loadu_ps(yq.add(16)));
+        for r in 0..4 {
+            let b = rows[r].add(i * bb);
+            _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
+            let s = _mm512_set1_ps(a[r] * x86_quant::f16_to_f32(b));
+            let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
+            let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
+            lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q0), lo);
+            hi = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q1), hi);
+        }
+        _mm512_storeu_ps(yq, lo);
+        _mm512_storeu_ps(yq.add(16), hi);
+    }
+}
+
+/// `y += Σ_r a[r] · rows[r]` over four rows.
+///
+/// # Safety
+/// [`available`] is true; each row holds `y.len() / 32` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn axpy4(format: QFormat, a: [f32; 4], rows: [&[u8]; 4], y: &mut [f32]) {
+    if format == QFormat::Q8_0 {
+        axpy4_q8(a, rows.map(<[u8]>::as_ptr), y)
+    } else {
+        x86_quant::axpy4(format, a, rows, y)
+    }
+}
