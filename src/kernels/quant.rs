@@ -199,6 +199,90 @@ pub fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
     axpy(format, 1.0, row, out);
 }
 
+/// True when prefill runs the bundles' gate and up rows on 8-bit
+/// activations ([`swiglu_activations_q`], as decode does): the CPU has the
+/// AVX-512 VNNI kernels, whose 8-bit dot products outrun an f32 matmul
+/// over dequantized rows. Elsewhere, and for every other matrix (the
+/// attention's: 8-bit activations there raised SmolLM2 q4's KL to f32 by
+/// half, the MLP's left it as it was), prefill dequantizes rows and uses
+/// candle's matmul.
+pub fn int8_prefill() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86_vnni::available() {
+        return true;
+    }
+    false
+}
+
+/// `[row · x[t]]` for four tokens' activations.
+#[inline]
+pub fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if x86_vnni::available() {
+        // SAFETY: the CPU has AVX-512 with VNNI (checked); the row holds
+        // `x.len() / 32` blocks for each `x` (checked by the callers).
+        return unsafe { x86_vnni::dot4(format, row, xs) };
+    }
+    xs.map(|x| dot(format, row, x))
+}
+
+/// Bundles of a tile in [`swiglu_activations_q`] (~40–70 KB for Qwen
+/// 0.5B's 4–5-bit gate and up rows: in L2 while four tokens run over it).
+const TILE_ROWS: usize = 32;
+
+/// Calls `f(j, true)` for each group of four tokens `j..j + 4` of `t`,
+/// then `f(j, false)` for each token left.
+#[inline]
+fn for_token_groups(t: usize, mut f: impl FnMut(usize, bool)) {
+    let mut j = 0;
+    while j + 4 <= t {
+        f(j, true);
+        j += 4;
+    }
+    for j in j..t {
+        f(j, false);
+    }
+}
+
+/// `out[n · T + t] = silu(gate_n · xs[t]) · (up_n · xs[t])` for every
+/// bundle `n` (each bundle's `T` results together), split over the decode
+/// threads: the prefill form of the first half of [`swiglu_bundles`], each
+/// row unpacked once per four tokens.
+pub fn swiglu_activations_q(xs: &[Q8Act], layout: &BundleLayout, bundles: &[u8], out: &mut [f32]) {
+    let t = xs.len();
+    if t == 0 {
+        return;
+    }
+    let bb = layout.bundle_bytes();
+    let n = bundles.len() / bb;
+    debug_assert_eq!(out.len(), n * t);
+    let out = DisjointSlice::new(out);
+    SpinPool::global().for_each_block(n, MIN_ROWS.div_ceil(t).max(1), |_, block| {
+        // SAFETY: the blocks of one call are disjoint.
+        let o = unsafe { out.range(block.start * t..block.end * t) };
+        let mine = &bundles[block.start * bb..block.end * bb];
+        // A tile of bundles stays in L1/L2 while each group of four tokens
+        // (their activations in L1) runs over it.
+        for (o, tile) in o.chunks_mut(TILE_ROWS * t).zip(mine.chunks(TILE_ROWS * bb)) {
+            for_token_groups(t, |j, four| {
+                for (orow, b) in o.chunks_exact_mut(t).zip(tile.chunks_exact(bb)) {
+                    let (gr, ur, _) = layout.split(b);
+                    if four {
+                        let x = [&xs[j], &xs[j + 1], &xs[j + 2], &xs[j + 3]];
+                        let (g, u) = (dot4(layout.gate, gr, x), dot4(layout.up, ur, x));
+                        for k in 0..4 {
+                            orow[j + k] = swiglu(g[k], u[k]);
+                        }
+                    } else {
+                        let x = &xs[j];
+                        orow[j] = swiglu(dot(layout.gate, gr, x), dot(layout.up, ur, x));
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// Smallest block of rows a decode thread takes at once (as the f16 kernels).
 const MIN_ROWS: usize = super::matvec::MIN_ROWS_PER_BLOCK;
 
@@ -441,14 +525,18 @@ pub(crate) mod tests {
                 }
                 let w2 = data(k, 13);
                 let row2 = quantize_rows(&w2, k, f);
-                // As two dots, up to the order of the sums.
-                let (a, b) = dot2(f, &row, &row2, &xq);
-                for (got, want) in [(a, dot(f, &row, &xq)), (b, dot(f, &row2, &xq))] {
-                    assert!(
-                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "{f} dot2 of {k}: {got} vs {want}"
-                    );
-                }
+                let xs: Vec<Q8Act> = (0..4).map(|j| Q8Act::quantize(&data(k, 30 + j))).collect();
+                // dot4 and dot2 give dot's results to the bit (a token's
+                // result must not depend on the tokens beside it).
+                let four = dot4(f, &row, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                let want: Vec<f32> = xs.iter().map(|x| dot(f, &row, x)).collect();
+                assert_eq!(four.to_vec(), want, "{f} dot4 of {k}");
+                let two = dot2(f, &row, &row2, &xq);
+                assert_eq!(
+                    two,
+                    (dot(f, &row, &xq), dot(f, &row2, &xq)),
+                    "{f} dot2 of {k}"
+                );
                 let mut y = data(k, 9);
                 let mut yp = y.clone();
                 let want: Vec<f32> = y.iter().zip(&wd).map(|(y, w)| y + 0.37 * w).collect();
@@ -534,6 +622,23 @@ pub(crate) mod tests {
                     bundles.extend_from_slice(&gq[i * gr..(i + 1) * gr]);
                     bundles.extend_from_slice(&uq[i * ur..(i + 1) * ur]);
                     bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
+                }
+                // The prefill form over 1, 4 and 7 tokens (groups of four
+                // and the tokens left), against decode's dots.
+                for t in [1, 4, 7] {
+                    let xs: Vec<Q8Act> = (0..t)
+                        .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
+                        .collect();
+                    let mut acts = vec![0f32; n * t];
+                    swiglu_activations_q(&xs, &layout, &bundles, &mut acts);
+                    for (i, b) in bundles.chunks_exact(layout.bundle_bytes()).enumerate() {
+                        let (gr, ur, _) = layout.split(b);
+                        for (j, x) in xs.iter().enumerate() {
+                            let want = swiglu(dot(f, gr, x), dot(f, ur, x));
+                            let got = acts[i * t + j];
+                            assert_eq!(got, want, "{f} prefill activation {i}, token {j}/{t}");
+                        }
+                    }
                 }
                 let mut y = vec![0f32; h];
                 swiglu_bundles(&x, &layout, &bundles, &mut y);

@@ -178,8 +178,11 @@ unsafe fn dot2_format<const F: u8>(r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32
     let (p0, p1, qp) = (r0.as_ptr(), r1.as_ptr(), x.q.as_ptr());
     let (d8, corr) = (x.d8.as_ptr(), x.corr.as_ptr());
     let shift = _mm_cvtsi32_si128(offset_shift(format));
-    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // Pair `p` goes to accumulator `p % 2` of its row, as in `dot_format`.
+    let mut acc = [[_mm512_setzero_ps(); 2]; 2];
     let (mut off0, mut off1) = (0f32, 0f32);
+    let lanes01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    let lanes23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
     let mut i = 0;
     while i + 2 <= blocks {
         let (b0, b1) = (p0.add(i * bb), p1.add(i * bb));
@@ -194,10 +197,15 @@ unsafe fn dot2_format<const F: u8>(r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32
         let dx = _mm512_loadu_ps(d8.add(i * 8));
         let s0 = _mm512_dpbusd_epi32(init, pair_weights::<F>(b0, bb), y);
         let s1 = _mm512_dpbusd_epi32(init, pair_weights::<F>(b1, bb), y);
-        let w0 = _mm512_mul_ps(pair_scales(b0, bb), dx);
-        let w1 = _mm512_mul_ps(pair_scales(b1, bb), dx);
-        acc0 = _mm512_fmadd_ps(w0, _mm512_cvtepi32_ps(s0), acc0);
-        acc1 = _mm512_fmadd_ps(w1, _mm512_cvtepi32_ps(s1), acc1);
+        // The four scales (rows 0 and 1, blocks A and B) converted at once.
+        let h = |p: *const u8| (p as *const u16).read_unaligned() as u64;
+        let four = h(b0) | h(b0.add(bb)) << 16 | h(b1) << 32 | h(b1.add(bb)) << 48;
+        let f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128(four as i64)));
+        let w0 = _mm512_mul_ps(_mm512_permutexvar_ps(lanes01, f), dx);
+        let w1 = _mm512_mul_ps(_mm512_permutexvar_ps(lanes23, f), dx);
+        let p = (i / 2) % 2;
+        acc[0][p] = _mm512_fmadd_ps(w0, _mm512_cvtepi32_ps(s0), acc[0][p]);
+        acc[1][p] = _mm512_fmadd_ps(w1, _mm512_cvtepi32_ps(s1), acc[1][p]);
         if format == QFormat::Q4_1 {
             let (sa, sb) = (*x.s.get_unchecked(i), *x.s.get_unchecked(i + 1));
             off0 +=
@@ -208,8 +216,8 @@ unsafe fn dot2_format<const F: u8>(r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32
         i += 2;
     }
     let mut out = (
-        _mm512_reduce_add_ps(acc0) + off0,
-        _mm512_reduce_add_ps(acc1) + off1,
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[0][0], acc[0][1])) + off0,
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[1][0], acc[1][1])) + off1,
     );
     if i < blocks {
         out.0 += x86_quant::block_dot(format, p0.add(i * bb), x, i);
@@ -232,6 +240,75 @@ pub unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f3
     }
 }
 
+/// `[row · x[t]]` for four tokens' activations (prefill): each pair of
+/// blocks unpacked once, then one `vpdpbusd` per token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot4_format<const F: u8>(row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+    let format = format_of(F);
+    let bb = format.block_bytes();
+    let blocks = row.len() / bb;
+    let rp = row.as_ptr();
+    let shift = _mm_cvtsi32_si128(offset_shift(format));
+    // Pair `p` goes to accumulator `p % 2` of its token, as in `dot_format`,
+    // so that each token's result is `dot`'s to the bit.
+    let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+    let mut off = [0f32; 4];
+    let mut i = 0;
+    while i + 2 <= blocks {
+        let p = (i / 2) % 2;
+        let b = rp.add(i * bb);
+        let w = pair_weights::<F>(b, bb);
+        let ws = pair_scales(b, bb);
+        let m = if format == QFormat::Q4_1 {
+            (
+                x86_quant::f16_to_f32(b.add(2)),
+                x86_quant::f16_to_f32(b.add(bb + 2)),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        for t in 0..4 {
+            let x = xs[t];
+            let y = _mm512_loadu_si512(x.q.as_ptr().add(i * QK) as *const __m512i);
+            let init = if format == QFormat::Q4_1 {
+                _mm512_setzero_si512()
+            } else {
+                let c = _mm512_loadu_si512(x.corr.as_ptr().add(i * 8) as *const __m512i);
+                _mm512_sll_epi32(c, shift)
+            };
+            let sums = _mm512_dpbusd_epi32(init, w, y);
+            let scale = _mm512_mul_ps(ws, _mm512_loadu_ps(x.d8.as_ptr().add(i * 8)));
+            acc[t][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[t][p]);
+            if format == QFormat::Q4_1 {
+                off[t] += m.0 * *x.s.get_unchecked(i) + m.1 * *x.s.get_unchecked(i + 1);
+            }
+        }
+        i += 2;
+    }
+    std::array::from_fn(|t| {
+        let mut v = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + off[t];
+        if i < blocks {
+            v += x86_quant::block_dot(format, rp.add(i * bb), xs[t], i);
+        }
+        v
+    })
+}
+
+/// `[row · x[t]]` for four tokens' activations.
+///
+/// # Safety
+/// [`available`] is true; `row` holds `x.len() / 32` blocks for each `x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+    match format {
+        QFormat::Q4_0 => dot4_format::<0>(row, xs),
+        QFormat::Q4_1 => dot4_format::<1>(row, xs),
+        QFormat::Q5_0 => dot4_format::<2>(row, xs),
+        QFormat::Q8_0 => dot4_format::<3>(row, xs),
+    }
+}
+
 /// `y += Σ_r a[r] · rows[r]` over four `Q8_0` rows: per block, `y`'s 32
 /// values in two registers across the four rows; each row's 32 bytes
 /// widened 16 at a time straight from memory.
@@ -239,13 +316,19 @@ pub unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f3
 unsafe fn axpy4_q8(a: [f32; 4], rows: [*const u8; 4], y: &mut [f32]) {
     let bb = QFormat::Q8_0.block_bytes();
     let yp = y.as_mut_ptr();
+    let av = _mm_loadu_ps(a.as_ptr());
     for i in 0..y.len() / QK {
         let yq = yp.add(i * QK);
         let (mut lo, mut hi) = (_mm512_loadu_ps(yq), _mm512_loadu_ps(yq.add(16)));
+        // The four rows' scales of this block converted at once, times `a`.
+        let h = |r: usize| (rows[r].add(i * bb) as *const u16).read_unaligned() as u64;
+        let four = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let sc = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(four as i64)), av);
+        let sc = _mm512_castps128_ps512(sc);
         for r in 0..4 {
             let b = rows[r].add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
-            let s = _mm512_set1_ps(a[r] * x86_quant::f16_to_f32(b));
+            let s = _mm512_permutexvar_ps(_mm512_set1_epi32(r as i32), sc);
             let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
             let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
             lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q0), lo);

@@ -213,6 +213,18 @@ impl Bundles {
     pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.layout.hidden;
         let lead = x.dims()[..x.rank() - 1].to_vec();
+        let mut dims = lead.clone();
+        dims.push(self.count);
+        if quant::int8_prefill() && x.device().is_cpu() {
+            // 8-bit activations, as decode's (see `quant::int8_prefill`).
+            let v: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+            let xs: Vec<quant::Q8Act> = v.chunks_exact(h).map(quant::Q8Act::quantize).collect();
+            let m = xs.len();
+            let mut out = vec![0f32; self.count * m];
+            quant::swiglu_activations_q(&xs, &self.layout, self.data(), &mut out);
+            let a = Tensor::from_vec(out, (self.count, m), &Device::Cpu)?.t()?;
+            return Ok(a.contiguous()?.reshape(dims)?);
+        }
         let x2 = x.reshape(((), h))?.to_dtype(DType::F32)?.contiguous()?;
         let mut parts = Vec::new();
         for n0 in (0..self.count).step_by(self.chunk()) {
@@ -226,8 +238,6 @@ impl Bundles {
         } else {
             Tensor::cat(&parts, D::Minus1)?
         };
-        let mut dims = lead;
-        dims.push(self.count);
         Ok(a.reshape(dims)?)
     }
 
