@@ -325,8 +325,8 @@ unsafe fn axpy4_q8(a: [f32; 4], rows: [*const u8; 4], y: &mut [f32]) {
         let four = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
         let sc = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(four as i64)), av);
         let sc = _mm512_castps128_ps512(sc);
-        for r in 0..4 {
-            let b = rows[r].add(i * bb);
+        for (r, row) in rows.iter().enumerate() {
+            let b = row.add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
             let s = _mm512_permutexvar_ps(_mm512_set1_epi32(r as i32), sc);
             let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
