@@ -110,22 +110,11 @@ fn main() {
             }
             besta = besta.min(t.elapsed().as_secs_f64());
         }
-        let mut best4 = f64::MAX;
-        let rb = f.row_bytes(h);
-        for _ in 0..(2_000_000 / rows).max(10) {
-            let t = Instant::now();
-            for r in w.chunks_exact(4 * rb) {
-                let r4 = [&r[..rb], &r[rb..2 * rb], &r[2 * rb..3 * rb], &r[3 * rb..]];
-                quant::axpy4(f, [0.5, 0.25, -0.5, 0.1], r4, &mut y);
-            }
-            best4 = best4.min(t.elapsed().as_secs_f64());
-        }
         println!(
-            "{f}: matvec pool {:.1} GB/s, one thread {:.1} GB/s, axpy one thread {:.1} GB/s, axpy4 {:.1} GB/s ({})",
+            "{f}: matvec pool {:.1} GB/s, one thread {:.1} GB/s, axpy one thread {:.1} GB/s ({})",
             bytes as f64 / best / 1e9,
             bytes as f64 / best1 / 1e9,
             bytes as f64 / besta / 1e9,
-            bytes as f64 / best4 / 1e9,
             out[7] + y[3]
         );
     }

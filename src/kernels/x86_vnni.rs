@@ -16,6 +16,8 @@
 //!
 //! `down_proj`'s `Q8_0` neuron rows (the axpy) widen 16 bytes at a time
 //! to f32 in one instruction. The other formats' axpy stays with AVX2.
+//! [`dot2`] (a neuron's gate and up rows) and [`dot4`] (prefill: four
+//! tokens per unpacked row) give [`dot`]'s results to the bit.
 
 use super::quant::{Q8Act, QFormat, QK};
 use super::x86_quant;
@@ -309,45 +311,33 @@ pub unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     }
 }
 
-/// `y += Σ_r a[r] · rows[r]` over four `Q8_0` rows: per block, `y`'s 32
-/// values in two registers across the four rows; each row's 32 bytes
-/// widened 16 at a time straight from memory.
+/// `y += a · row` for one `Q8_0` row, 32 values of `y` at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn axpy4_q8(a: [f32; 4], rows: [*const u8; 4], y: &mut [f32]) {
+unsafe fn axpy_q8(a: f32, row: *const u8, y: &mut [f32]) {
     let bb = QFormat::Q8_0.block_bytes();
     let yp = y.as_mut_ptr();
-    let av = _mm_loadu_ps(a.as_ptr());
     for i in 0..y.len() / QK {
-        let yq = yp.add(i * QK);
-        let (mut lo, mut hi) = (_mm512_loadu_ps(yq), _mm512_loadu_ps(yq.add(16)));
-        // The four rows' scales of this block converted at once, times `a`.
-        let h = |r: usize| (rows[r].add(i * bb) as *const u16).read_unaligned() as u64;
-        let four = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
-        let sc = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(four as i64)), av);
-        let sc = _mm512_castps128_ps512(sc);
-        for (r, row) in rows.iter().enumerate() {
-            let b = row.add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
-            let s = _mm512_permutexvar_ps(_mm512_set1_epi32(r as i32), sc);
-            let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
-            let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
-            lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q0), lo);
-            hi = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q1), hi);
-        }
+        let (b, yq) = (row.add(i * bb), yp.add(i * QK));
+        _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
+        let s = _mm512_set1_ps(a * x86_quant::f16_to_f32(b));
+        let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
+        let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
+        let lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q0), _mm512_loadu_ps(yq));
+        let hi = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q1), _mm512_loadu_ps(yq.add(16)));
         _mm512_storeu_ps(yq, lo);
         _mm512_storeu_ps(yq.add(16), hi);
     }
 }
 
-/// `y += Σ_r a[r] · rows[r]` over four rows.
+/// `y += a · row`.
 ///
 /// # Safety
-/// [`available`] is true; each row holds `y.len() / 32` blocks.
+/// [`available`] is true; `row` holds `y.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn axpy4(format: QFormat, a: [f32; 4], rows: [&[u8]; 4], y: &mut [f32]) {
+pub unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
     if format == QFormat::Q8_0 {
-        axpy4_q8(a, rows.map(<[u8]>::as_ptr), y)
+        axpy_q8(a, row.as_ptr(), y)
     } else {
-        x86_quant::axpy4(format, a, rows, y)
+        x86_quant::axpy(format, a, row, y)
     }
 }
