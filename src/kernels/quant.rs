@@ -231,25 +231,25 @@ fn for_token_groups(t: usize, mut f: impl FnMut(usize, bool)) {
 }
 
 /// `out[n · T + t] = silu(gate_n · xs[t]) · (up_n · xs[t])` for every
-/// bundle `n` (each bundle's `T` results together), split over the decode
-/// threads: the prefill form of the first half of [`swiglu_bundles`], each
+/// bundle `n` (each bundle's `T` results together), split over rayon's
+/// threads in tiles: the prefill form of the first half of [`swiglu_bundles`], each
 /// row unpacked once per four tokens.
 pub fn swiglu_activations_q(xs: &[Q8Act], layout: &BundleLayout, bundles: &[u8], out: &mut [f32]) {
+    use rayon::prelude::*;
     let t = xs.len();
     if t == 0 {
         return;
     }
     let bb = layout.bundle_bytes();
-    let n = bundles.len() / bb;
-    debug_assert_eq!(out.len(), n * t);
-    let out = DisjointSlice::new(out);
-    SpinPool::global().for_each_block(n, MIN_ROWS.div_ceil(t).max(1), |_, block| {
-        // SAFETY: the blocks of one call are disjoint.
-        let o = unsafe { out.range(block.start * t..block.end * t) };
-        let mine = &bundles[block.start * bb..block.end * bb];
-        // A tile of bundles stays in L1/L2 while each group of four tokens
-        // (their activations in L1) runs over it.
-        for (o, tile) in o.chunks_mut(TILE_ROWS * t).zip(mine.chunks(TILE_ROWS * bb)) {
+    debug_assert_eq!(out.len(), bundles.len() / bb * t);
+    // On rayon, as the rest of prefill (dequantized rows, candle's matmul):
+    // a decode-pool job here would leave its helpers spinning for
+    // `SPIN_BEFORE_PARK` beside rayon's threads after every layer.
+    // A tile of bundles stays in L1/L2 while each group of four tokens
+    // (their activations in L1) runs over it.
+    out.par_chunks_mut(TILE_ROWS * t)
+        .zip(bundles.par_chunks(TILE_ROWS * bb))
+        .for_each(|(o, tile)| {
             for_token_groups(t, |j, four| {
                 for (orow, b) in o.chunks_exact_mut(t).zip(tile.chunks_exact(bb)) {
                     let (gr, ur, _) = layout.split(b);
@@ -265,8 +265,7 @@ pub fn swiglu_activations_q(xs: &[Q8Act], layout: &BundleLayout, bundles: &[u8],
                     }
                 }
             });
-        }
-    });
+        });
 }
 
 /// Smallest block of rows a decode thread takes at once (as the f16 kernels).
