@@ -90,8 +90,9 @@ unsafe fn block(format: QFormat, b: *const u8) -> (__m256i, f32, f32) {
     }
 }
 
-/// The format a kernel's const parameter stands for.
-const fn format_of(f: u8) -> QFormat {
+/// The format a kernel's const parameter stands for (0 `Q4_0`, 1 `Q4_1`,
+/// 2 `Q5_0`, 3 `Q8_0`; also the AVX-512 back end's).
+pub(super) const fn format_of(f: u8) -> QFormat {
     match f {
         0 => QFormat::Q4_0,
         1 => QFormat::Q4_1,

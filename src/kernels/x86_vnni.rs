@@ -20,7 +20,7 @@
 //! tokens per unpacked row) give [`dot`]'s results to the bit.
 
 use super::quant::{Q8Act, QFormat, QK};
-use super::x86_quant;
+use super::x86_quant::{self, format_of};
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
@@ -40,16 +40,6 @@ pub fn available() -> bool {
             && is_x86_feature_detected!("avx512vnni")
             && std::env::var("SELECTINFER_KERNELS").map_or(true, |v| v != "avx2")
     })
-}
-
-/// The format a kernel's const parameter stands for (as in `x86_quant`).
-const fn format_of(f: u8) -> QFormat {
-    match f {
-        0 => QFormat::Q4_0,
-        1 => QFormat::Q4_1,
-        2 => QFormat::Q5_0,
-        _ => QFormat::Q8_0,
-    }
 }
 
 /// The i32 offset per block, as a power of two, that makes the weights
