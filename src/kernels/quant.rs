@@ -73,9 +73,9 @@ impl QFormat {
 
 /// The activations of one row quantized per block of 32: `q` (i8), the
 /// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
-/// for the AVX-512 kernels also `d8` (each `d` 8 times) and `corr` (per
-/// block 8 i32: `-Σq`, then 7 zeros), so that a pair of blocks loads its
-/// scales and offsets in one register each.
+/// for the AVX-512 kernels (and only where they run) also `d8` (each `d`
+/// 8 times) and `corr` (per block 8 i32: `-Σq`, then 7 zeros), so that a
+/// pair of blocks loads its scales and offsets in one register each.
 #[derive(Debug, Clone, Default)]
 pub struct Q8Act {
     pub q: Vec<i8>,
@@ -91,12 +91,14 @@ impl Q8Act {
     pub fn quantize(x: &[f32]) -> Self {
         debug_assert!(x.len().is_multiple_of(QK));
         let blocks = x.len() / QK;
+        // `d8` and `corr` only for the kernels that read them.
+        let wide = vnni();
         let mut a = Self {
             q: vec![0; x.len()],
             d: Vec::with_capacity(blocks),
             s: Vec::with_capacity(blocks),
-            d8: Vec::with_capacity(blocks * 8),
-            corr: vec![0; blocks * 8],
+            d8: Vec::with_capacity(if wide { blocks * 8 } else { 0 }),
+            corr: vec![0; if wide { blocks * 8 } else { 0 }],
         };
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -109,8 +111,10 @@ impl Q8Act {
             }
             a.d.push(d);
             a.s.push(d * sum as f32);
-            a.d8.extend([d; 8]);
-            a.corr[b * 8] = -sum;
+            if wide {
+                a.d8.extend([d; 8]);
+                a.corr[b * 8] = -sum;
+            }
         }
         a
     }
@@ -193,6 +197,11 @@ pub fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
 /// half, the MLP's left it as it was), prefill dequantizes rows and uses
 /// candle's matmul.
 pub fn int8_prefill() -> bool {
+    vnni()
+}
+
+/// True when the AVX-512 VNNI back end runs the quantized rows.
+fn vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     if x86_vnni::available() {
         return true;
