@@ -7,6 +7,7 @@ use super::decode::GenerateOptions;
 use super::sampling::Sampling;
 use super::spec::EngineSpec;
 use crate::method::params::Score;
+use crate::method::vocab::VocabRule;
 use crate::method::{Mode, SelectionParams};
 use crate::model::{FfnRows, LoadOptions};
 use crate::sys::device::WeightDtype;
@@ -28,6 +29,8 @@ pub struct Defaults {
     pub score: Score,
     /// κ: share of computed neurons gated in per decode token (1 = all).
     pub gate_keep: f64,
+    /// Which output tokens decode computes ([`VocabRule`]).
+    pub vocab: VocabRule,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -68,6 +71,7 @@ pub const CLI: Defaults = Defaults {
     task: "qa",
     score: Score::Counts,
     gate_keep: 1.0,
+    vocab: VocabRule::All,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -172,6 +176,7 @@ impl Defaults {
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
             memory_budget_mb: self.memory_budget_mb,
+            vocab: self.vocab,
         }
     }
 

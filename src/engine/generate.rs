@@ -7,7 +7,9 @@ use super::prefix::{PrefixCache, Reuse, Snapshot};
 use super::text::{Message, TextCodec};
 use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
+use crate::method::vocab::VocabRule;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
+use crate::model::vocab::OutputVocab;
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -27,6 +29,9 @@ pub struct Engine {
     /// ([`crate::engine::prefix`]); on by default.
     pub prefix_cache: bool,
     prefix: Option<PrefixCache>,
+    /// The output vocabulary of [`Engine::set_vocab`], put in force per
+    /// request where it serves ([`Engine::vocab_for`]).
+    vocab: Option<std::sync::Arc<OutputVocab>>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -78,7 +83,69 @@ impl Engine {
             memory_plan: None,
             prefix_cache: crate::engine::defaults::PREFIX_CACHE,
             prefix: None,
+            vocab: None,
         })
+    }
+
+    /// Computes only the output tokens `rule` keeps from now on (the
+    /// lm_head rows; [`crate::method::vocab`]).
+    pub fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
+        let vocab = match rule {
+            VocabRule::All => None,
+            _ => {
+                let tok = self.codec.tokenizer();
+                let words = super::grammar::token_bytes(tok)
+                    .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
+                let mut words = words;
+                // The model's table may be padded past the tokenizer's ids.
+                words.resize(self.model.config().vocab_size, Vec::new());
+                let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
+                rule.vocabulary(&words, &added)?
+            }
+        };
+        match &vocab {
+            Some(v) if v.rows() < v.vocab_size() => log::info!(
+                "vocab {rule}: {} of {} output tokens computed (rows 0..{} and {} more)",
+                v.rows(),
+                v.vocab_size(),
+                v.prefix(),
+                v.extra().len()
+            ),
+            Some(_) => log::info!("vocab {rule}: it keeps every row of this vocabulary"),
+            None => {}
+        }
+        self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))
+    }
+
+    /// Computes only the output tokens of `vocab` from now on (`None`: all);
+    /// [`Engine::set_vocab`] builds it from a rule.
+    pub fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
+        if let Some(v) = &vocab {
+            if v.vocab_size() != self.model.config().vocab_size {
+                bail!(
+                    "an output vocabulary of {} tokens for a model of {}",
+                    v.vocab_size(),
+                    self.model.config().vocab_size
+                );
+            }
+        }
+        self.vocab = vocab.map(std::sync::Arc::new);
+        self.model.set_output_vocab(None)
+    }
+
+    /// Puts the output vocabulary in force for a request of `prompt`, or
+    /// every token where it would not serve: a prompt with a token outside
+    /// it (the reply may need that script) or a grammar (which may allow
+    /// only tokens outside it).
+    fn vocab_for(&mut self, prompt: &[u32], constrained: bool) -> Result<()> {
+        let v = self
+            .vocab
+            .clone()
+            .filter(|v| !constrained && prompt.iter().all(|&t| v.contains(t)));
+        if self.vocab.is_some() && v.is_none() {
+            log::debug!("this request decodes over the whole vocabulary");
+        }
+        self.model.set_output_vocab(v)
     }
 
     /// φ and α the engine selects with per prompt, `None` when the mode
@@ -335,6 +402,7 @@ impl Engine {
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
+        self.vocab_for(prompt, false)?;
         let mut cache = self.model.new_cache();
         let (logits, chosen) = match rows {
             Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
@@ -372,6 +440,7 @@ impl Engine {
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
+        self.vocab_for(prompt, false)?;
         let rules: Vec<Option<Vec<Option<LayerSelector>>>> = match (&self.method, selections) {
             (_, []) => vec![self.selectors.clone()],
             (Some(m), _) if self.selectors.is_some() => {
@@ -510,6 +579,7 @@ impl Engine {
             bail!("the prompt is empty");
         }
         self.validate(prompt.len(), opts)?;
+        self.vocab_for(prompt, opts.grammar.is_some())?;
         let codec = self.codec.clone();
         let selective = self.selectors.is_some();
         // Without checkpoints the cache is neither used nor replaced.

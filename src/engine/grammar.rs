@@ -142,7 +142,7 @@ impl Grammars {
 /// `tokenizer.json`: a `serde_json::Value` of Qwen's peaked 100 MiB above
 /// the model). Special added tokens get llguidance's marker byte in front,
 /// so no text ever matches them.
-fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
     if !matches!(
         tokenizer.get_decoder(),
         Some(tokenizers::DecoderWrapper::ByteLevel(_))

@@ -6,6 +6,7 @@
 use super::generate::Engine;
 use super::text::TextCodec;
 use crate::method::budget::MemoryPlan;
+use crate::method::vocab::VocabRule;
 use crate::method::{Method, Mode, SelectionParams};
 use crate::model::footprint::Footprint;
 use crate::model::LoadOptions;
@@ -55,6 +56,9 @@ pub struct EngineSpec {
     /// it and γ is chosen to fit the rest ([`MemoryPlan`]); `None`: γ as given.
     #[serde(default)]
     pub memory_budget_mb: Option<u64>,
+    /// Which output tokens decode computes (the lm_head's rows).
+    #[serde(default)]
+    pub vocab: VocabRule,
 }
 
 impl EngineSpec {
@@ -163,6 +167,7 @@ impl EngineSpec {
         let mut engine =
             Engine::load_with_codec(&spec.model, &spec.load_options()?, spec.method()?, codec)?;
         engine.memory_plan = plan;
+        engine.set_vocab(self.vocab)?;
         Ok(engine)
     }
 

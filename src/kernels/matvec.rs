@@ -136,6 +136,22 @@ pub fn matvec<T: WeightElem>(w: &[T], x: &[f32], out: &mut [f32]) {
     });
 }
 
+/// `out[j] = w[ids[j], :] · x`: rows picked by index (the lm_head rows of
+/// an output vocabulary past its prefix), split over the decode threads.
+pub fn matvec_ids<T: WeightElem>(w: &[T], ids: &[u32], x: &[f32], out: &mut [f32]) {
+    let k = x.len();
+    debug_assert_eq!(ids.len(), out.len());
+    let out = DisjointSlice::new(out);
+    SpinPool::global().for_each_block(ids.len(), MIN_ROWS_PER_BLOCK, |_, block| {
+        // SAFETY: the blocks of one call are disjoint.
+        let o = unsafe { out.range(block.clone()) };
+        for (oi, &id) in o.iter_mut().zip(&ids[block]) {
+            let r = id as usize * k;
+            *oi = T::dot(&w[r..r + k], x);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,7 +38,7 @@ mod x86_vnni;
 
 pub use attention::decode_attention;
 pub use gather::{gather_rows, merge_rows};
-pub use matvec::{matvec, WeightElem};
+pub use matvec::{matvec, matvec_ids, WeightElem};
 pub use mlp::{
     gate_keep_mask, gated_neurons, group_keep, swiglu_mlp, swiglu_mlp_gated, swiglu_mlp_weights,
     GATE_GROUP,
@@ -61,6 +61,22 @@ impl Weight<'_> {
         match self {
             Weight::F32(w) => matvec(w, x, out),
             Weight::F16(w) => matvec(w, x, out),
+        }
+    }
+
+    /// `out[j] = row ids[j] · x` ([`matvec_ids`]).
+    pub fn matvec_ids(&self, ids: &[u32], x: &[f32], out: &mut [f32]) {
+        match self {
+            Weight::F32(w) => matvec_ids(w, ids, x, out),
+            Weight::F16(w) => matvec_ids(w, ids, x, out),
+        }
+    }
+
+    /// The first `rows` rows of `cols` weights.
+    pub fn first_rows(&self, rows: usize, cols: usize) -> Self {
+        match self {
+            Weight::F32(w) => Weight::F32(&w[..rows * cols]),
+            Weight::F16(w) => Weight::F16(&w[..rows * cols]),
         }
     }
 }

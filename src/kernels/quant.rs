@@ -297,6 +297,22 @@ pub fn matvec_q(format: QFormat, w: &[u8], x: &Q8Act, out: &mut [f32]) {
     });
 }
 
+/// `out[j] = row ids[j] · x` for rows of blocks picked by index, split over
+/// the decode threads.
+pub fn matvec_q_ids(format: QFormat, w: &[u8], ids: &[u32], x: &Q8Act, out: &mut [f32]) {
+    let rb = format.row_bytes(x.len());
+    debug_assert_eq!(ids.len(), out.len());
+    let out = DisjointSlice::new(out);
+    SpinPool::global().for_each_block(ids.len(), MIN_ROWS, |_, block| {
+        // SAFETY: the blocks of one call are disjoint.
+        let o = unsafe { out.range(block.clone()) };
+        for (oi, &id) in o.iter_mut().zip(&ids[block]) {
+            let r = id as usize * rb;
+            *oi = dot(format, &w[r..r + rb], x);
+        }
+    });
+}
+
 /// How a layer's neuron bundles are laid out: each neuron's gate row, up
 /// row and down row (its column of `down_proj`), `hidden` weights each, one
 /// after another; the neurons' bundles one after another.

@@ -3,7 +3,7 @@
 //! ([`ranking`]), the per-layer load plans built from them ([`plan`], phase
 //! 1: which neurons to load) and the per-prompt selection ([`selection`],
 //! phase 2: which loaded neurons to compute); a memory budget turned into γ
-//! ([`budget`]).
+//! ([`budget`]); which output tokens decode computes ([`vocab`]).
 //!
 //! At prefill every loaded neuron runs and the prompt's activations choose
 //! each sparse layer's rows; the engine then rearranges each layer's loaded
@@ -18,6 +18,7 @@ pub mod params;
 pub mod plan;
 pub mod ranking;
 pub mod selection;
+pub mod vocab;
 
 pub use mode::Mode;
 pub use params::SelectionParams;

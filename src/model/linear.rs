@@ -83,6 +83,25 @@ impl QMatrix {
         }
     }
 
+    /// `out[r] = row r · x` for the rows `0..out.len()`, then
+    /// `extra_out[j] = row extra[j] · x`.
+    pub fn matvec_subset(&self, x: &Q8Act, out: &mut [f32], extra: &[u32], extra_out: &mut [f32]) {
+        for (f, rows, data) in self.spans() {
+            let (lo, hi) = (rows.start, rows.end.min(out.len()));
+            if lo < hi {
+                let rb = f.row_bytes(self.cols);
+                quant::matvec_q(f, &data[..(hi - lo) * rb], x, &mut out[lo..hi]);
+            }
+            // Extras are ascending: those of this part are one run.
+            let a = extra.partition_point(|&e| (e as usize) < rows.start);
+            let b = extra.partition_point(|&e| (e as usize) < rows.end);
+            if a < b {
+                let local: Vec<u32> = extra[a..b].iter().map(|&e| e - rows.start as u32).collect();
+                quant::matvec_q_ids(f, data, &local, x, &mut extra_out[a..b]);
+            }
+        }
+    }
+
     /// Rows `rows` dequantized, row-major, into `out`.
     pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         use rayon::prelude::*;
@@ -224,6 +243,50 @@ impl Linear {
             })?;
         }
         Ok(y)
+    }
+
+    /// One row on the CPU restricted to the rows of `vocab` (an output
+    /// vocabulary): `[out]` with −∞ for the rows not computed, bias added.
+    pub fn forward_row_subset(
+        &self,
+        x: &[f32],
+        vocab: &crate::model::vocab::OutputVocab,
+    ) -> Result<Vec<f32>> {
+        let (out, k) = self.dims()?;
+        if x.len() != k || vocab.vocab_size() != out {
+            anyhow::bail!(
+                "linear layer [{out}, {k}] given a row of {} and an output vocabulary of {}",
+                x.len(),
+                vocab.vocab_size()
+            );
+        }
+        let mut y = vec![f32::NEG_INFINITY; out];
+        let (p, extra) = (vocab.prefix(), vocab.extra());
+        let mut ey = vec![0f32; extra.len()];
+        match &self.weight {
+            Weights::Dense(w) => crate::kernels::with_weight(w, |w| {
+                w.first_rows(p, k).matvec(x, &mut y[..p]);
+                w.matvec_ids(extra, x, &mut ey);
+                Ok(())
+            })?,
+            Weights::Quant(q) => q.matvec_subset(&Q8Act::quantize(x), &mut y[..p], extra, &mut ey),
+        }
+        for (&e, v) in extra.iter().zip(ey) {
+            y[e as usize] = v;
+        }
+        if let Some(b) = &self.bias {
+            crate::kernels::with_f32(b, |b| {
+                y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+                Ok(())
+            })?;
+        }
+        Ok(y)
+    }
+
+    /// Bytes of weights `rows` of this layer's rows read.
+    pub fn rows_bytes(&self, rows: usize) -> usize {
+        let (out, _) = self.dims().unwrap_or((1, 0));
+        (self.weight_bytes() as u128 * rows as u128 / out.max(1) as u128) as usize
     }
 
     /// `x [.., in]` (f32) → `[.., out]` (f32).

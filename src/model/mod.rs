@@ -21,6 +21,7 @@ mod norm;
 pub mod qfile;
 mod rope;
 pub mod rowread;
+pub mod vocab;
 
 pub use attention::Attention;
 pub use block::Block;
@@ -110,6 +111,8 @@ pub struct Model {
     dtype: DType,
     quant: Option<crate::sys::device::Quant>,
     prefill_chunk: usize,
+    /// The lm_head rows computed ([`Model::set_output_vocab`]); `None`: all.
+    vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
 }
 
 impl Model {
@@ -241,6 +244,7 @@ impl Model {
             dtype: opts.dtype,
             quant: None,
             prefill_chunk: opts.prefill_chunk,
+            vocab: None,
         })
     }
 
@@ -330,6 +334,7 @@ impl Model {
             dtype: DType::F32,
             quant: Some(q),
             prefill_chunk: opts.prefill_chunk,
+            vocab: None,
         })
     }
 
@@ -420,8 +425,48 @@ impl Model {
         KvCache::new(self.blocks.len())
     }
 
+    /// Restricts the logits to the tokens of `vocab` (the others are −∞):
+    /// decode computes only its lm_head rows; other passes compute all and
+    /// mask, which gives the same logits. `None` computes every row.
+    pub fn set_output_vocab(
+        &mut self,
+        vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
+    ) -> Result<()> {
+        if let Some(v) = &vocab {
+            if v.vocab_size() != self.cfg.vocab_size {
+                bail!(
+                    "an output vocabulary of {} tokens for a model of {}",
+                    v.vocab_size(),
+                    self.cfg.vocab_size
+                );
+            }
+        }
+        self.vocab = vocab;
+        Ok(())
+    }
+
+    /// The output vocabulary in force, if any.
+    pub fn output_vocab(&self) -> Option<&vocab::OutputVocab> {
+        self.vocab.as_deref()
+    }
+
+    /// `logits [.., vocab]` with the tokens outside the output vocabulary at −∞.
+    fn mask_vocab(&self, logits: Tensor) -> Result<Tensor> {
+        let Some(v) = &self.vocab else {
+            return Ok(logits);
+        };
+        let dims = logits.dims().to_vec();
+        let mut all = logits
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        all.chunks_mut(self.cfg.vocab_size)
+            .for_each(|row| v.mask(row));
+        Ok(Tensor::from_vec(all, dims, logits.device())?)
+    }
+
     /// Bytes of weights read to decode one token: every block, the final
-    /// norm and the lm_head (one embedding row is negligible).
+    /// norm and the lm_head's rows computed (one embedding row is negligible).
     pub fn decode_weight_bytes(&self) -> usize {
         let blocks: usize = self
             .blocks
@@ -435,7 +480,11 @@ impl Model {
         } else {
             0
         };
-        blocks + streamed + self.lm_head.weight_bytes()
+        let head = match &self.vocab {
+            Some(v) => self.lm_head.rows_bytes(v.rows()),
+            None => self.lm_head.weight_bytes(),
+        };
+        blocks + streamed + head
     }
 
     /// Whether the FFN weights are streamed from the checkpoint ([`FfnRows::Streamed`]).
@@ -490,7 +539,7 @@ impl Model {
             let x = self.blocks_forward(chunk, cache, None, mlps)?;
             parts.push(self.lm_head.forward(&self.norm.forward(&x)?)?.squeeze(0)?);
         }
-        Ok(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
+        self.mask_vocab(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
     }
 
     /// Like [`Model::forward`], showing `observe(layer, a)` every MLP's
@@ -549,7 +598,7 @@ impl Model {
         let x = x.expect("tokens is not empty");
         let last = x.narrow(1, x.dim(1)? - 1, 1)?;
         let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
-        Ok(logits.flatten_all()?)
+        self.mask_vocab(logits.flatten_all()?)
     }
 
     /// One token on the CPU (the decode step) on plain buffers: no candle op
@@ -582,7 +631,10 @@ impl Model {
         }
         let mut normed = vec![0f32; h];
         self.norm.forward_row(&x, &mut normed)?;
-        let logits = self.lm_head.forward_row(&normed)?;
+        let logits = match &self.vocab {
+            Some(v) => self.lm_head.forward_row_subset(&normed, v)?,
+            None => self.lm_head.forward_row(&normed)?,
+        };
         Ok(Tensor::from_vec(logits, self.cfg.vocab_size, &self.device)?)
     }
 

@@ -156,6 +156,8 @@ pub struct BenchOptions {
     pub method: Option<crate::method::Method>,
     pub new_tokens: usize,
     pub measure_bandwidth: bool,
+    /// Which output tokens our engine's decode computes.
+    pub vocab: crate::method::vocab::VocabRule,
 }
 
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
@@ -164,14 +166,17 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     if opts.new_tokens < 2 {
         bail!("bench needs at least 2 new tokens per prompt");
     }
-    if opts.engine == BenchEngine::CandleGguf && opts.method.is_some() {
-        bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
+    if opts.engine == BenchEngine::CandleGguf
+        && (opts.method.is_some() || opts.vocab != Default::default())
+    {
+        bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode or --vocab");
     }
     let device_memory_before = crate::sys::device::memory_used_bytes(&load.device);
     let mut engine;
     let (codec, mut run_prompt, dtype): (TextCodec, RunFn, String) = match opts.engine {
         BenchEngine::Dense => {
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
+            engine.set_vocab(opts.vocab)?;
             // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
             let codec = engine.codec.clone();
             let dtype = engine.model.weights_name();

@@ -46,7 +46,8 @@ pub enum Candidate<'a> {
 
 /// The engine `spec` describes, with the `key=value` pairs of `candidate`
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
-/// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`).
+/// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
+/// `vocab`.
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
     for pair in candidate
@@ -74,8 +75,9 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "alpha" | "token_ratio" => p.token_ratio = ratio()?,
             "score" => p.score = value.parse().with_context(named)?,
             "keep" | "gate_keep" => p.gate_keep = ratio()?,
+            "vocab" => s.vocab = value.parse().with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab)"
             ),
         }
     }
@@ -227,6 +229,10 @@ pub struct TaskFidelity {
     pub top1_agreement: f64,
     pub mean_first_divergence: f64,
     pub decode_bytes_per_token: f64,
+    /// Mean probability the reference gives tokens the candidate does not
+    /// compute (an output vocabulary); its KL is taken on the rest.
+    #[serde(default)]
+    pub mean_outside_mass: f64,
     /// The candidate's time plus the reference's (shared by every candidate of a run).
     pub seconds: f64,
 }
@@ -244,12 +250,48 @@ impl std::fmt::Display for TaskFidelity {
             self.mean_first_divergence,
             self.decode_bytes_per_token / 1e6,
             self.seconds
-        )
+        )?;
+        if self.mean_outside_mass > 0.0 {
+            write!(
+                f,
+                ", reference mass outside the output vocabulary {:.2e}",
+                self.mean_outside_mass
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// `KL(p ‖ q)` of two logit rows (softmax in f64).
+/// `KL(p ‖ q)` of two logit rows (softmax in f64). Where `q` computes only
+/// some tokens (an output vocabulary: the others are −∞), `p` is taken on
+/// the same tokens, renormalised: the mass it loses is [`outside_mass`].
 pub fn kl(p: &[f32], q: &[f32]) -> f64 {
+    if q.contains(&f32::NEG_INFINITY) {
+        let p: Vec<f32> = p
+            .iter()
+            .zip(q)
+            .map(|(&a, &b)| if b == f32::NEG_INFINITY { b } else { a })
+            .collect();
+        return kl_full(&p, q);
+    }
+    kl_full(p, q)
+}
+
+/// The probability `p` gives the tokens `q` does not compute (−∞).
+pub fn outside_mass(p: &[f32], q: &[f32]) -> f64 {
+    let m = p.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let (mut all, mut out) = (0.0, 0.0);
+    for (&a, &b) in p.iter().zip(q) {
+        let e = (a as f64 - m).exp();
+        all += e;
+        if b == f32::NEG_INFINITY {
+            out += e;
+        }
+    }
+    out / all
+}
+
+fn kl_full(p: &[f32], q: &[f32]) -> f64 {
     fn log_softmax(l: &[f32]) -> Vec<f64> {
         let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
         let z = l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
@@ -258,6 +300,7 @@ pub fn kl(p: &[f32], q: &[f32]) -> f64 {
     let (lp, lq) = (log_softmax(p), log_softmax(q));
     lp.iter()
         .zip(&lq)
+        .filter(|(a, _)| a.is_finite())
         .map(|(a, b)| a.exp() * (a - b))
         .sum::<f64>()
         .max(0.0)
@@ -312,6 +355,7 @@ pub fn run_with_progress(
         #[derive(Default)]
         struct Sums {
             kl: f64,
+            outside: f64,
             agree: usize,
             first: usize,
             bytes: f64,
@@ -348,6 +392,7 @@ pub fn run_with_progress(
                     let mut diverged = None;
                     for (i, ((w, g), &t)) in ref_logits.iter().zip(&got).zip(&want).enumerate() {
                         s.kl += kl(w, g);
+                        s.outside += outside_mass(w, g);
                         let same = argmax(g) == t;
                         s.agree += usize::from(same);
                         if !same && diverged.is_none() {
@@ -375,6 +420,7 @@ pub fn run_with_progress(
                 prompts: records.len(),
                 positions: s.n,
                 mean_kl: s.kl / s.n.max(1) as f64,
+                mean_outside_mass: s.outside / s.n.max(1) as f64,
                 top1_agreement: s.agree as f64 / s.n.max(1) as f64,
                 mean_first_divergence: s.first as f64 / prompts,
                 decode_bytes_per_token: s.bytes / prompts,
@@ -392,5 +438,12 @@ mod tests {
         let p = [1.0f32, 2.0, -3.0];
         assert!(super::kl(&p, &p).abs() < 1e-12);
         assert!(super::kl(&p, &[1.0, 2.5, -3.0]) > 0.0);
+        // A token the candidate does not compute: KL on the others, and
+        // the reference's mass there reported apart.
+        let q = [1.0f32, 2.0, f32::NEG_INFINITY];
+        assert!(super::kl(&p, &q).abs() < 1e-12);
+        let out = super::outside_mass(&p, &q);
+        let want = (-3f64).exp() / (1f64.exp() + 2f64.exp() + (-3f64).exp());
+        assert!((out - want).abs() < 1e-12 && super::outside_mass(&p, &p) == 0.0);
     }
 }

@@ -5,6 +5,7 @@
 use clap::Args;
 use selectinfer::engine::defaults::CLI;
 use selectinfer::engine::EngineSpec;
+use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
 use selectinfer::sys::device::WeightDtype;
 use std::path::PathBuf;
@@ -31,6 +32,10 @@ pub struct ModelArgs {
     /// temporaries and runtime stay within it (the plan is logged).
     #[arg(long)]
     pub memory_budget_mb: Option<u64>,
+    /// Output tokens decode computes: all, or latin (Latin-script tokens;
+    /// a prompt with a token outside gets all).
+    #[arg(long, default_value_t = CLI.vocab)]
+    pub vocab: VocabRule,
     #[command(flatten)]
     pub method: MethodArgs,
 }
@@ -97,6 +102,7 @@ impl ModelArgs {
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
             memory_budget_mb: self.memory_budget_mb,
+            vocab: self.vocab,
         }
     }
 }

@@ -126,6 +126,7 @@ fn run(cli: Cli) -> Result<()> {
             let mut reference = EngineSpec {
                 dtype: reference_dtype,
                 mode: Mode::Dense,
+                vocab: Default::default(),
                 ..spec.clone()
             }
             .load()?;
@@ -223,6 +224,7 @@ fn run(cli: Cli) -> Result<()> {
                 engine,
                 new_tokens,
                 measure_bandwidth: bandwidth,
+                vocab: spec.vocab,
             };
             let report = bench::run(&spec.model, &load, &opts)?;
             match json {

@@ -4,6 +4,7 @@
 //! [`super::params`].
 
 use crate::method::params::Score;
+use crate::method::vocab::VocabRule;
 use crate::method::Mode;
 use crate::sys::device::WeightDtype;
 use crate::sys::named::names;
@@ -111,6 +112,12 @@ pub const PARAMETERS: &[Spec] = &[
         "counts | griffin | wina: how prefill ranks neurons for the dynamic set (load-time)",
         false,
         Values::OneOf(names::<Score>),
+    ),
+    spec(
+        "vocab",
+        "all | latin: output tokens decode computes (latin: Latin-script tokens; a prompt with a token outside, or a grammar, gets all) (load-time)",
+        false,
+        Values::OneOf(names::<VocabRule>),
     ),
     spec(
         "gate_keep",

@@ -177,6 +177,10 @@ impl NodeParams {
                 e.params.score = s.parse().context("parameter score")?;
             }
             "gate_keep" => e.params.gate_keep = float(name, v)?,
+            "vocab" => {
+                let s = string(name, v)?;
+                e.vocab = s.parse().context("parameter vocab")?;
+            }
             "dense_layers" => {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
@@ -260,6 +264,7 @@ impl NodeParams {
             "token_ratio" => ParameterValue::Double(r.token_ratio),
             "score" => ParameterValue::String(e.params.score.name().into()),
             "gate_keep" => ParameterValue::Double(e.params.gate_keep),
+            "vocab" => ParameterValue::String(e.vocab.name().into()),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(e.dtype.name().into()),
