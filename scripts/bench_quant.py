@@ -29,8 +29,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA_BENCH = os.path.join(ROOT, "scripts", "reference", "bench_llamacpp.py")
 MODELS = ["models/smollm2-135m-instruct", "models/qwen2.5-coder-0.5b-instruct"]
-# (dtype, mode) of our engine; γ0.7 φ0.4 for selectinfer (the defaults).
-ROWS = [("f16", "dense"), ("q8", "dense"), ("q4", "dense"), ("q4", "selectinfer")]
+# (dtype, mode, vocab) of our engine; γ0.7 φ0.4 for selectinfer (the
+# defaults). `--rows q4:selectinfer:latin ...` picks others.
+ROWS = [("f16", "dense", "all"), ("q8", "dense", "all"), ("q4", "dense", "all"),
+        ("q4", "selectinfer", "all")]
 SEL = ["--task", "qa", "--load-ratio", "0.7", "--static-ratio", "0.2",
        "--compute-ratio", "0.4", "--token-ratio", "0.2"]
 
@@ -41,11 +43,11 @@ def run_json(cmd, env=None):
     return json.loads(out.stdout)
 
 
-def ours(args, model, dtype, mode):
+def ours(args, model, dtype, mode, vocab):
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
                SELECTINFER_THREADS=str(args.threads))
     cmd = [args.bin, "bench", "--model", model, "--dtype", dtype, "--mode", mode,
-           "--new-tokens", str(args.new_tokens), "--json"] + SEL
+           "--vocab", vocab, "--new-tokens", str(args.new_tokens), "--json"] + SEL
     return run_json(cmd, env)
 
 
@@ -73,29 +75,36 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "quant.json"))
+    ap.add_argument("--rows", nargs="+", metavar="DTYPE:MODE[:VOCAB]",
+                    help="our rows (default: " + " ".join(":".join(r) for r in ROWS) + ")")
     args = ap.parse_args()
+    rows = ROWS
+    if args.rows:
+        rows = [tuple((r.split(":") + ["all"])[:3]) for r in args.rows]
     runs = {}
     for _ in range(args.rounds):
         for model in args.models:
             ids = None
-            for dtype, mode in ROWS:
-                rep = ours(args, model, dtype, mode)
+            for dtype, mode, vocab in rows:
+                rep = ours(args, model, dtype, mode, vocab)
                 ids = ids or rep["prompt_token_ids"]
                 if rep["prompt_token_ids"] != ids:
                     sys.exit(f"{model}: rows were given different prompt token ids")
-                runs.setdefault((model, dtype, mode), []).append(rep)
-            runs.setdefault((model, "gguf", "llama.cpp"), []).append(llamacpp(args, model, ids))
+                runs.setdefault((model, dtype, mode, vocab), []).append(rep)
+            runs.setdefault((model, "gguf", "llama.cpp", ""), []).append(
+                llamacpp(args, model, ids))
     print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | TTFT s | × llama.cpp "
           "| peak RSS MiB | RSS after load MiB | weights MB/token |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for model in args.models:
-        ref = median_by_decode(runs[(model, "gguf", "llama.cpp")])
-        for dtype, mode in ROWS + [("gguf", "llama.cpp")]:
-            r = median_by_decode(runs[(model, dtype, mode)])
+        ref = median_by_decode(runs[(model, "gguf", "llama.cpp", "")])
+        for dtype, mode, vocab in rows + [("gguf", "llama.cpp", "")]:
+            r = median_by_decode(runs[(model, dtype, mode, vocab)])
             ours_row = mode != "llama.cpp"
+            label = f"{dtype}, {mode}" + (f", vocab {vocab}" if vocab not in ("all", "") else "")
             cells = [os.path.basename(model), "selectinfer" if ours_row else "llama.cpp",
-                     f"{dtype}, {mode}" if ours_row else "its GGUF",
+                     label if ours_row else "its GGUF",
                      f"{r['decode_tokens_per_s']:.1f}",
                      f"{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}",
                      f"{r['ttft_s']:.3f}", f"{r['ttft_s'] / ref['ttft_s']:.2f}",
@@ -107,7 +116,8 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "table": table,
-                   "runs": [{"model": k[0], "dtype": k[1], "mode": k[2], "reports": v}
+                   "runs": [{"model": k[0], "dtype": k[1], "mode": k[2], "vocab": k[3],
+                             "reports": v}
                             for k, v in runs.items()]}, f, indent=1)
 
 

@@ -236,13 +236,7 @@ impl Linear {
             })?,
             Weights::Quant(q) => q.matvec(&Q8Act::quantize(x), &mut y),
         }
-        if let Some(b) = &self.bias {
-            crate::kernels::with_f32(b, |b| {
-                y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
-                Ok(())
-            })?;
-        }
-        Ok(y)
+        self.add_bias(y)
     }
 
     /// One row on the CPU restricted to the rows of `vocab` (an output
@@ -274,6 +268,11 @@ impl Linear {
         for (&e, v) in extra.iter().zip(ey) {
             y[e as usize] = v;
         }
+        self.add_bias(y)
+    }
+
+    /// `y` with the bias added (−∞ entries stay −∞).
+    fn add_bias(&self, mut y: Vec<f32>) -> Result<Vec<f32>> {
         if let Some(b) = &self.bias {
             crate::kernels::with_f32(b, |b| {
                 y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
