@@ -55,7 +55,9 @@ fn kept_tokens_have_exactly_the_dense_logits_and_the_others_none() {
         let (want, _) = all.forced_logits(&prompt, &forced, None).unwrap();
         let (got, _) = latin.forced_logits(&prompt, &forced, None).unwrap();
         assert!(prompt.iter().all(|&t| t < 40_000), "{prompt:?}");
-        let v = latin.model.output_vocab().expect("in force").clone();
+        // In force during the request only.
+        assert!(latin.model.output_vocab().is_none());
+        let v = restriction(latin.model.config().vocab_size);
         for (step, (w, g)) in want.iter().zip(&got).enumerate() {
             for (id, (a, b)) in w.iter().zip(g).enumerate() {
                 match v.contains(id as u32) {
@@ -126,4 +128,44 @@ fn latin_keeps_all_of_smollm2_so_restricts_nothing() {
 fn an_unknown_rule_is_refused_naming_the_parameter() {
     let e = "cyrillic".parse::<VocabRule>().unwrap_err().to_string();
     assert!(e.contains("vocab") && e.contains("latin"), "{e}");
+}
+
+#[test]
+fn latin_on_qwen_restricts_english_and_falls_back_for_other_scripts() {
+    let qwen = |vocab| EngineSpec {
+        model: common::model_dir("qwen2.5-coder-0.5b-instruct"),
+        dtype: WeightDtype::Q4,
+        mode: Mode::Dense,
+        vocab,
+        ..EngineSpec::default()
+    };
+    let mut all = qwen(VocabRule::All).load().unwrap();
+    let mut latin = qwen(VocabRule::Latin).load().unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let english = "Name three colours of a traffic light.";
+    let (a, l) = (
+        all.generate_chat(english, &opts, |_| true).unwrap(),
+        latin.generate_chat(english, &opts, |_| true).unwrap(),
+    );
+    assert_eq!(a.text, l.text);
+    assert!(
+        (l.decode_weight_bytes as f64) < 0.92 * a.decode_weight_bytes as f64,
+        "{} vs {}",
+        l.decode_weight_bytes,
+        a.decode_weight_bytes
+    );
+    // Russian and Chinese: the rule dropped their tokens, so the reply
+    // gets every token — also where all of them lie inside the computed
+    // prefix (Здравствуйте's pieces all do).
+    for other in [
+        "Здравствуйте",
+        "Привет, как дела?",
+        "请用中文回答：天空是什么颜色？",
+    ] {
+        let g = latin.generate_chat(other, &opts, |_| true).unwrap();
+        assert_eq!(g.decode_weight_bytes, a.decode_weight_bytes, "{other}");
+    }
 }

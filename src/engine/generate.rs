@@ -32,6 +32,9 @@ pub struct Engine {
     /// The output vocabulary of [`Engine::set_vocab`], put in force per
     /// request where it serves ([`Engine::vocab_for`]).
     vocab: Option<std::sync::Arc<OutputVocab>>,
+    /// Per token, whether the rule keeps it (the prompt check: the
+    /// vocabulary's prefix also computes some tokens the rule dropped).
+    vocab_keep: Option<std::sync::Arc<Vec<bool>>>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -84,14 +87,15 @@ impl Engine {
             prefix_cache: crate::engine::defaults::PREFIX_CACHE,
             prefix: None,
             vocab: None,
+            vocab_keep: None,
         })
     }
 
     /// Computes only the output tokens `rule` keeps from now on (the
     /// lm_head rows; [`crate::method::vocab`]).
     pub fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
-        let vocab = match rule {
-            VocabRule::All => None,
+        let (vocab, keep) = match rule {
+            VocabRule::All => (None, None),
             _ => {
                 let tok = self.codec.tokenizer();
                 let words = super::grammar::token_bytes(tok)
@@ -100,7 +104,7 @@ impl Engine {
                 // The model's table may be padded past the tokenizer's ids.
                 words.resize(self.model.config().vocab_size, Vec::new());
                 let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
-                rule.vocabulary(&words, &added)?
+                (rule.vocabulary(&words, &added)?, rule.keeps(&words, &added))
             }
         };
         match &vocab {
@@ -114,12 +118,22 @@ impl Engine {
             Some(_) => log::info!("vocab {rule}: it keeps every row of this vocabulary"),
             None => {}
         }
-        self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))
+        self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))?;
+        if self.vocab.is_some() {
+            self.vocab_keep = keep.map(std::sync::Arc::new);
+        }
+        Ok(())
     }
 
     /// Computes only the output tokens of `vocab` from now on (`None`: all);
     /// [`Engine::set_vocab`] builds it from a rule.
     pub fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
+        if vocab.is_some() && !self.model.device().is_cpu() {
+            bail!(
+                "an output vocabulary thins the CPU decode's lm_head; on {:?} it would only add a mask (use vocab all)",
+                self.model.device()
+            );
+        }
         if let Some(v) = &vocab {
             if v.vocab_size() != self.model.config().vocab_size {
                 bail!(
@@ -130,6 +144,7 @@ impl Engine {
             }
         }
         self.vocab = vocab.map(std::sync::Arc::new);
+        self.vocab_keep = None;
         self.model.set_output_vocab(None)
     }
 
@@ -138,10 +153,15 @@ impl Engine {
     /// it (the reply may need that script) or a grammar (which may allow
     /// only tokens outside it).
     fn vocab_for(&mut self, prompt: &[u32], constrained: bool) -> Result<()> {
+        let inside = |t: u32| match (&self.vocab_keep, &self.vocab) {
+            (Some(keep), _) => keep.get(t as usize).copied().unwrap_or(false),
+            (None, Some(v)) => v.contains(t),
+            (None, None) => true,
+        };
         let v = self
             .vocab
             .clone()
-            .filter(|v| !constrained && prompt.iter().all(|&t| v.contains(t)));
+            .filter(|_| !constrained && prompt.iter().all(|&t| inside(t)));
         if self.vocab.is_some() && v.is_none() {
             log::debug!("this request decodes over the whole vocabulary");
         }
@@ -418,6 +438,7 @@ impl Engine {
             };
             out.push(logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?);
         }
+        self.model.set_output_vocab(None)?;
         Ok((out, chosen))
     }
 
@@ -521,6 +542,7 @@ impl Engine {
             drop(compact);
             out.push((rows, self.decode_cost(chosen.as_ref(), keep).1));
         }
+        self.model.set_output_vocab(None)?;
         Ok(out)
     }
 
@@ -613,6 +635,8 @@ impl Engine {
         }
         let (compute_ratio, decode_weight_bytes) =
             self.decode_cost(chosen.as_ref(), self.gate_keep());
+        // The restriction is the request's: direct forward calls get every token.
+        self.model.set_output_vocab(None)?;
         let mut g = out.into_generation(prompt.len(), compute_ratio, decode_weight_bytes);
         g.cached_prompt_tokens = cached;
         Ok(g)

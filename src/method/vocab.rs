@@ -57,8 +57,10 @@ impl VocabRule {
                 let mut keep: Vec<bool> = words
                     .iter()
                     .map(|w| {
-                        w.len() == 1
-                            || std::str::from_utf8(w).is_ok_and(|s| s.chars().all(latin_char))
+                        // Empty: a padding row past the tokenizer's ids.
+                        !w.is_empty()
+                            && (w.len() == 1
+                                || std::str::from_utf8(w).is_ok_and(|s| s.chars().all(latin_char)))
                     })
                     .collect();
                 for &id in added {
@@ -90,7 +92,7 @@ mod tests {
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
-        .chain([vec![0xE4], vec![0xE4, 0xB8]])
+        .chain([vec![0xE4], vec![0xE4, 0xB8], vec![]])
         .collect();
         let keep = VocabRule::Latin.keeps(&words, &[7]).expect("a rule");
         let kept: Vec<usize> = (0..words.len()).filter(|&i| keep[i]).collect();

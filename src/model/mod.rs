@@ -480,9 +480,12 @@ impl Model {
         } else {
             0
         };
+        // Only the CPU decode step computes the restricted rows alone.
         let head = match &self.vocab {
-            Some(v) => self.lm_head.rows_bytes(v.rows()),
-            None => self.lm_head.weight_bytes(),
+            Some(v) if self.device.is_cpu() && self.streamed_from.is_none() => {
+                self.lm_head.rows_bytes(v.rows())
+            }
+            _ => self.lm_head.weight_bytes(),
         };
         blocks + streamed + head
     }

@@ -83,8 +83,10 @@ fn run(cli: Cli) -> Result<()> {
             prompts_only,
             json,
         } => {
-            if kind == BenchEngine::CandleGguf && model.method.mode != Mode::Dense {
-                bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode");
+            if kind == BenchEngine::CandleGguf
+                && (model.method.mode != Mode::Dense || model.vocab != Default::default())
+            {
+                bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode or --vocab");
             }
             let mut engine: Box<dyn Generator> = match kind {
                 BenchEngine::Dense => Box::new(model.spec().load()?),
