@@ -7,7 +7,6 @@ use super::prefix::{PrefixCache, Reuse, Snapshot};
 use super::text::{Message, TextCodec};
 use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
-use crate::method::vocab::VocabRule;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
 use crate::model::vocab::OutputVocab;
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
@@ -31,10 +30,10 @@ pub struct Engine {
     prefix: Option<PrefixCache>,
     /// The output vocabulary of [`Engine::set_vocab`], put in force per
     /// request where it serves ([`Engine::vocab_for`]).
-    vocab: Option<std::sync::Arc<OutputVocab>>,
+    pub(super) vocab: Option<std::sync::Arc<OutputVocab>>,
     /// Per token, whether the rule keeps it (the prompt check: the
     /// vocabulary's prefix also computes some tokens the rule dropped).
-    vocab_keep: Option<std::sync::Arc<Vec<bool>>>,
+    pub(super) vocab_keep: Option<std::sync::Arc<Vec<bool>>>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -89,83 +88,6 @@ impl Engine {
             vocab: None,
             vocab_keep: None,
         })
-    }
-
-    /// Computes only the output tokens `rule` keeps from now on (the
-    /// lm_head rows; [`crate::method::vocab`]).
-    pub fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
-        let (vocab, keep) = match rule {
-            VocabRule::All => (None, None),
-            _ => {
-                let tok = self.codec.tokenizer();
-                let words = super::grammar::token_bytes(tok)
-                    .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
-                let mut words = words;
-                // The model's table may be padded past the tokenizer's ids.
-                words.resize(self.model.config().vocab_size, Vec::new());
-                let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
-                (rule.vocabulary(&words, &added)?, rule.keeps(&words, &added))
-            }
-        };
-        match &vocab {
-            Some(v) if v.rows() < v.vocab_size() => log::info!(
-                "vocab {rule}: {} of {} output tokens computed (rows 0..{} and {} more)",
-                v.rows(),
-                v.vocab_size(),
-                v.prefix(),
-                v.extra().len()
-            ),
-            Some(_) => log::info!("vocab {rule}: it keeps every row of this vocabulary"),
-            None => {}
-        }
-        self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))?;
-        if self.vocab.is_some() {
-            self.vocab_keep = keep.map(std::sync::Arc::new);
-        }
-        Ok(())
-    }
-
-    /// Computes only the output tokens of `vocab` from now on (`None`: all);
-    /// [`Engine::set_vocab`] builds it from a rule.
-    pub fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
-        if vocab.is_some() && !self.model.device().is_cpu() {
-            bail!(
-                "an output vocabulary thins the CPU decode's lm_head; on {:?} it would only add a mask (use vocab all)",
-                self.model.device()
-            );
-        }
-        if let Some(v) = &vocab {
-            if v.vocab_size() != self.model.config().vocab_size {
-                bail!(
-                    "an output vocabulary of {} tokens for a model of {}",
-                    v.vocab_size(),
-                    self.model.config().vocab_size
-                );
-            }
-        }
-        self.vocab = vocab.map(std::sync::Arc::new);
-        self.vocab_keep = None;
-        self.model.set_output_vocab(None)
-    }
-
-    /// Puts the output vocabulary in force for a request of `prompt`, or
-    /// every token where it would not serve: a prompt with a token outside
-    /// it (the reply may need that script) or a grammar (which may allow
-    /// only tokens outside it).
-    fn vocab_for(&mut self, prompt: &[u32], constrained: bool) -> Result<()> {
-        let inside = |t: u32| match (&self.vocab_keep, &self.vocab) {
-            (Some(keep), _) => keep.get(t as usize).copied().unwrap_or(false),
-            (None, Some(v)) => v.contains(t),
-            (None, None) => true,
-        };
-        let v = self
-            .vocab
-            .clone()
-            .filter(|_| !constrained && prompt.iter().all(|&t| inside(t)));
-        if self.vocab.is_some() && v.is_none() {
-            log::debug!("this request decodes over the whole vocabulary");
-        }
-        self.model.set_output_vocab(v)
     }
 
     /// φ and α the engine selects with per prompt, `None` when the mode

@@ -3,7 +3,7 @@
 //! the chosen rows), the decode loop any engine shares ([`decode`]),
 //! sampling, the tokenizer/chat-template side ([`text`]), stop strings
 //! ([`stops`]), structured output ([`grammar`]) and the prefix cache
-//! ([`prefix`]).
+//! ([`prefix`]), the output vocabulary per request ([`vocab`]).
 
 pub mod decode;
 pub mod defaults;
@@ -14,6 +14,7 @@ pub mod sampling;
 pub mod spec;
 pub mod stops;
 pub mod text;
+pub mod vocab;
 
 pub use decode::{GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;

@@ -83,9 +83,8 @@ fn run(cli: Cli) -> Result<()> {
             prompts_only,
             json,
         } => {
-            if kind == BenchEngine::CandleGguf
-                && (model.method.mode != Mode::Dense || model.vocab != Default::default())
-            {
+            let plain = model.method.mode == Mode::Dense && model.vocab == Default::default();
+            if kind == BenchEngine::CandleGguf && !plain {
                 bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode or --vocab");
             }
             let mut engine: Box<dyn Generator> = match kind {

@@ -1,0 +1,86 @@
+//! The engine's output vocabulary ([`crate::method::vocab`]): built from
+//! the tokenizer's bytes, and put in force per request where it serves.
+
+use super::generate::Engine;
+use crate::method::vocab::VocabRule;
+use crate::model::vocab::OutputVocab;
+use anyhow::{bail, Context, Result};
+
+impl Engine {
+    /// Computes only the output tokens `rule` keeps from now on (the
+    /// lm_head rows; [`crate::method::vocab`]).
+    pub fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
+        let (vocab, keep) = match rule {
+            VocabRule::All => (None, None),
+            _ => {
+                let tok = self.codec.tokenizer();
+                let words = super::grammar::token_bytes(tok)
+                    .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
+                let mut words = words;
+                // The model's table may be padded past the tokenizer's ids.
+                words.resize(self.model.config().vocab_size, Vec::new());
+                let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
+                (rule.vocabulary(&words, &added)?, rule.keeps(&words, &added))
+            }
+        };
+        match &vocab {
+            Some(v) if v.rows() < v.vocab_size() => log::info!(
+                "vocab {rule}: {} of {} output tokens computed (rows 0..{} and {} more)",
+                v.rows(),
+                v.vocab_size(),
+                v.prefix(),
+                v.extra().len()
+            ),
+            Some(_) => log::info!("vocab {rule}: it keeps every row of this vocabulary"),
+            None => {}
+        }
+        self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))?;
+        if self.vocab.is_some() {
+            self.vocab_keep = keep.map(std::sync::Arc::new);
+        }
+        Ok(())
+    }
+
+    /// Computes only the output tokens of `vocab` from now on (`None`: all);
+    /// [`Engine::set_vocab`] builds it from a rule.
+    pub fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
+        if vocab.is_some() && !self.model.device().is_cpu() {
+            bail!(
+                "an output vocabulary thins the CPU decode's lm_head; on {:?} it would only add a mask (use vocab all)",
+                self.model.device()
+            );
+        }
+        if let Some(v) = &vocab {
+            if v.vocab_size() != self.model.config().vocab_size {
+                bail!(
+                    "an output vocabulary of {} tokens for a model of {}",
+                    v.vocab_size(),
+                    self.model.config().vocab_size
+                );
+            }
+        }
+        self.vocab = vocab.map(std::sync::Arc::new);
+        self.vocab_keep = None;
+        self.model.set_output_vocab(None)
+    }
+
+    /// Puts the output vocabulary in force for a request of `prompt`, or
+    /// every token where it would not serve: a prompt with a token outside
+    /// it (the reply may need that script) or a grammar (which may allow
+    /// only tokens outside it).
+    pub(super) fn vocab_for(&mut self, prompt: &[u32], constrained: bool) -> Result<()> {
+        let inside = |t: u32| match (&self.vocab_keep, &self.vocab) {
+            (Some(keep), _) => keep.get(t as usize).copied().unwrap_or(false),
+            (None, Some(v)) => v.contains(t),
+            (None, None) => true,
+        };
+        let v = self
+            .vocab
+            .clone()
+            .filter(|_| !constrained && prompt.iter().all(|&t| inside(t)));
+        if self.vocab.is_some() && v.is_none() {
+            log::debug!("this request decodes over the whole vocabulary");
+        }
+        self.model.set_output_vocab(v)
+    }
+}
