@@ -14,13 +14,12 @@ impl Engine {
             VocabRule::All => (None, None),
             _ => {
                 let tok = self.codec.tokenizer();
-                let words = super::grammar::token_bytes(tok)
+                let mut words = super::grammar::token_bytes(tok)
                     .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
-                let mut words = words;
                 // The model's table may be padded past the tokenizer's ids.
                 words.resize(self.model.config().vocab_size, Vec::new());
                 let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
-                (rule.vocabulary(&words, &added)?, rule.keeps(&words, &added))
+                rule.vocabulary(&words, &added)?.unzip()
             }
         };
         match &vocab {
@@ -51,13 +50,7 @@ impl Engine {
             );
         }
         if let Some(v) = &vocab {
-            if v.vocab_size() != self.model.config().vocab_size {
-                bail!(
-                    "an output vocabulary of {} tokens for a model of {}",
-                    v.vocab_size(),
-                    self.model.config().vocab_size
-                );
-            }
+            v.check_size(self.model.config().vocab_size)?;
         }
         self.vocab = vocab.map(std::sync::Arc::new);
         self.vocab_keep = None;

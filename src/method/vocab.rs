@@ -41,11 +41,16 @@ fn latin_char(c: char) -> bool {
 impl VocabRule {
     /// The output vocabulary of this rule for tokens of the given bytes
     /// (`words[id]`), where `added` are the tokenizer's added tokens (kept
-    /// whatever their text); `None` for `all`. It computes every token
-    /// [`VocabRule::keeps`] keeps, and maybe a few more (in the prefix).
-    pub fn vocabulary(self, words: &[Vec<u8>], added: &[u32]) -> Result<Option<OutputVocab>> {
+    /// whatever their text), with the rule's own per-token choice
+    /// ([`VocabRule::keeps`]: the vocabulary computes every token kept, and
+    /// maybe a few more in its prefix); `None` for `all`.
+    pub fn vocabulary(
+        self,
+        words: &[Vec<u8>],
+        added: &[u32],
+    ) -> Result<Option<(OutputVocab, Vec<bool>)>> {
         self.keeps(words, added)
-            .map(|keep| OutputVocab::covering(words.len(), &keep))
+            .map(|keep| Ok((OutputVocab::covering(words.len(), &keep)?, keep)))
             .transpose()
     }
 
@@ -98,7 +103,8 @@ mod tests {
         let kept: Vec<usize> = (0..words.len()).filter(|&i| keep[i]).collect();
         // 中文, U+FFFD, Привет and the two-byte piece are dropped.
         assert_eq!(kept, [0, 1, 4, 5, 7, 8]);
-        let v = VocabRule::Latin.vocabulary(&words, &[7]).unwrap().unwrap();
+        let (v, same) = VocabRule::Latin.vocabulary(&words, &[7]).unwrap().unwrap();
+        assert_eq!(same, keep);
         assert!(kept.iter().all(|&i| v.contains(i as u32)));
         assert!(VocabRule::All.vocabulary(&words, &[]).unwrap().is_none());
         assert_eq!("latin".parse::<VocabRule>().unwrap(), VocabRule::Latin);

@@ -433,13 +433,7 @@ impl Model {
         vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
     ) -> Result<()> {
         if let Some(v) = &vocab {
-            if v.vocab_size() != self.cfg.vocab_size {
-                bail!(
-                    "an output vocabulary of {} tokens for a model of {}",
-                    v.vocab_size(),
-                    self.cfg.vocab_size
-                );
-            }
+            v.check_size(self.cfg.vocab_size)?;
         }
         self.vocab = vocab;
         Ok(())
@@ -482,9 +476,7 @@ impl Model {
         };
         // Only the CPU decode step computes the restricted rows alone.
         let head = match &self.vocab {
-            Some(v) if self.device.is_cpu() && self.streamed_from.is_none() => {
-                self.lm_head.rows_bytes(v.rows())
-            }
+            Some(v) if self.decodes_on_plain_buffers() => self.lm_head.rows_bytes(v.rows()),
             _ => self.lm_head.weight_bytes(),
         };
         blocks + streamed + head
@@ -590,7 +582,7 @@ impl Model {
     ) -> Result<Tensor> {
         self.check_input(tokens, cache)?;
         if let [token] = tokens {
-            if self.device.is_cpu() && observe.is_none() && self.streamed_from.is_none() {
+            if observe.is_none() && self.decodes_on_plain_buffers() {
                 return self.decode_cpu(*token, cache, mlps);
             }
         }
@@ -602,6 +594,12 @@ impl Model {
         let last = x.narrow(1, x.dim(1)? - 1, 1)?;
         let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
         self.mask_vocab(logits.flatten_all()?)
+    }
+
+    /// Whether an unobserved decode step runs [`Model::decode_cpu`] (the
+    /// only path that computes a restricted lm_head's rows alone).
+    fn decodes_on_plain_buffers(&self) -> bool {
+        self.device.is_cpu() && self.streamed_from.is_none()
     }
 
     /// One token on the CPU (the decode step) on plain buffers: no candle op

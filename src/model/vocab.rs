@@ -74,6 +74,17 @@ impl OutputVocab {
         self.vocab_size
     }
 
+    /// Refuses a restriction made for another vocabulary size.
+    pub fn check_size(&self, vocab_size: usize) -> Result<()> {
+        if self.vocab_size != vocab_size {
+            bail!(
+                "an output vocabulary of {} tokens for a model of {vocab_size}",
+                self.vocab_size
+            );
+        }
+        Ok(())
+    }
+
     /// The contiguous rows `0..prefix`.
     pub fn prefix(&self) -> usize {
         self.prefix
