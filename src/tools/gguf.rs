@@ -87,9 +87,12 @@ impl QuantizedModel {
 }
 
 /// Entries of one rotary table candle builds at load (positions × half the
-/// head dimension): 128 Mi (two f32 tables of 512 MiB), above the largest
-/// real contexts (Qwen2.5-1M: 1,010,000 × 64 ≈ 65 Mi).
-const ROPE_TABLE_MAX: u64 = 1 << 27;
+/// head dimension): 64 Mi, just above the largest real contexts
+/// (Qwen2.5-1M: 1,010,000 × 64 ≈ 61.6 Mi). Candle's peak is about three f32
+/// tables of that size (frequencies × positions, cos, sin): at 128 Mi, a
+/// llama header with `rope.dimension_count` 65,535 loaded with a peak of
+/// 1.6 GB (found by the GGUF fuzzer).
+const ROPE_TABLE_MAX: u64 = 1 << 26;
 
 /// Refuses what candle's loaders would panic on or allocate without
 /// bound from the header's word alone: tensors reaching past the file or

@@ -54,6 +54,12 @@ fn gguf_headers_that_crashed_the_loader_are_refused() {
             vec![("rope.dimension_count", max.clone())],
             "rotary",
         ),
+        // 4096 × 32,768 entries: a 1.6 GB peak under the old cap of 2^27.
+        (
+            "llama",
+            vec![("rope.dimension_count", G::U32(65_535))],
+            "rotary",
+        ),
         // candle's qwen2 divided by zero.
         (
             "qwen2",
