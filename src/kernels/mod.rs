@@ -21,6 +21,7 @@
 
 mod attention;
 mod gather;
+pub mod gemm;
 pub mod matvec;
 mod mlp;
 mod norm;

@@ -5,11 +5,14 @@
 //! one stream. Decode runs the fused kernel
 //! ([`crate::kernels::quant::swiglu_bundles`]) over the bundles in any
 //! order; prefill dequantizes a chunk of neurons at a time (~1 MiB of
-//! f32) and multiplies with candle's matmul.
+//! f32, a reused buffer) and multiplies into its output
+//! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
+//! on 8-bit activations.
 
+use crate::kernels::gemm::{self, View};
 use crate::kernels::quant::{self, BundleLayout};
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
 
 /// A layer's bundles (or a view of the first bundles of one; clones and
@@ -183,30 +186,19 @@ impl Bundles {
     pub fn down_norms(&self) -> Vec<f32> {
         let h = self.layout.hidden;
         let mut out = Vec::with_capacity(self.count);
-        let mut w = Vec::new();
-        for n0 in (0..self.count).step_by(self.chunk()) {
-            let r = n0..(n0 + self.chunk()).min(self.count);
-            w.resize(r.len() * h, 0f32);
-            self.dequantize(2, r, &mut w);
-            out.extend(
-                w.chunks_exact(h)
-                    .map(|row| row.iter().map(|v| v * v).sum::<f32>().sqrt()),
-            );
-        }
+        let step = self.chunk();
+        gemm::with_scratch(step.min(self.count) * h, |w| {
+            for n0 in (0..self.count).step_by(step) {
+                let r = n0..(n0 + step).min(self.count);
+                let w = &mut w[..r.len() * h];
+                self.dequantize(2, r, w);
+                out.extend(
+                    w.chunks_exact(h)
+                        .map(|row| row.iter().map(|v| v * v).sum::<f32>().sqrt()),
+                );
+            }
+        });
         out
-    }
-
-    /// `x [m, H]` (f32, contiguous) times the rows `part` of `range`, transposed.
-    fn times(&self, x: &Tensor, part: usize, range: std::ops::Range<usize>) -> Result<Tensor> {
-        let h = self.layout.hidden;
-        let mut w = vec![0f32; range.len() * h];
-        self.dequantize(part, range.clone(), &mut w);
-        let w = Tensor::from_vec(w, (range.len(), h), &Device::Cpu)?;
-        Ok(if part == 2 {
-            x.matmul(&w)?
-        } else {
-            x.matmul(&w.t()?)?
-        })
     }
 
     /// `silu(gate·x) * (up·x)` of every bundle, `x [.., H]` → `[.., N]` f32, in storage order.
@@ -215,46 +207,63 @@ impl Bundles {
         let lead = x.dims()[..x.rank() - 1].to_vec();
         let mut dims = lead.clone();
         dims.push(self.count);
+        let v: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+        let m = v.len() / h;
         if quant::int8_prefill() && x.device().is_cpu() {
             // 8-bit activations, as decode's (see `quant::int8_prefill`).
-            let v: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
             let xs: Vec<quant::Q8Act> = v.chunks_exact(h).map(quant::Q8Act::quantize).collect();
-            let m = xs.len();
             let mut out = vec![0f32; self.count * m];
             quant::swiglu_activations_q(&xs, &self.layout, self.data(), &mut out);
             let a = Tensor::from_vec(out, (self.count, m), &Device::Cpu)?.t()?;
             return Ok(a.contiguous()?.reshape(dims)?);
         }
-        let x2 = x.reshape(((), h))?.to_dtype(DType::F32)?.contiguous()?;
-        let mut parts = Vec::new();
-        for n0 in (0..self.count).step_by(self.chunk()) {
-            let r = n0..(n0 + self.chunk()).min(self.count);
-            let g = self.times(&x2, 0, r.clone())?;
-            let u = self.times(&x2, 1, r)?;
-            parts.push((candle_nn::ops::silu(&g)? * u)?);
-        }
-        let a = if parts.is_empty() {
-            Tensor::zeros((x2.dim(0)?, 0), DType::F32, &Device::Cpu)?
-        } else {
-            Tensor::cat(&parts, D::Minus1)?
-        };
-        Ok(a.reshape(dims)?)
+        // A chunk of gate rows dequantized and multiplied into the output's
+        // columns, then the chunk's up rows into `up`, combined in place.
+        let (n, step) = (self.count, self.chunk());
+        let mut out = vec![0f32; m * n];
+        let mut up = vec![0f32; m * step.min(n)];
+        gemm::with_scratch(step.min(n) * h, |w| {
+            for n0 in (0..n).step_by(step) {
+                let r = n0..(n0 + step).min(n);
+                let (len, x) = (r.len(), View::new(&v, m, h));
+                let w = &mut w[..len * h];
+                self.dequantize(0, r.clone(), w);
+                gemm::matmul_t_into(x, View::new(w, len, h), &mut out, n, n0, false);
+                self.dequantize(1, r, w);
+                gemm::matmul_t_into(x, View::new(w, len, h), &mut up, len, 0, false);
+                for (o, u) in out.chunks_exact_mut(n).zip(up.chunks_exact(len)) {
+                    o[n0..n0 + len]
+                        .iter_mut()
+                        .zip(u)
+                        .for_each(|(g, &u)| *g = quant::swiglu(*g, u));
+                }
+            }
+        });
+        Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
     }
 
-    /// `down_proj` of activations `a [.., N]` (storage order) → `[.., H]`.
+    /// `down_proj` of activations `a [.., N]` (storage order) → `[.., H]`:
+    /// a chunk of down rows dequantized at a time, its product added to
+    /// the output.
     pub fn down(&self, a: &Tensor) -> Result<Tensor> {
-        let h = self.layout.hidden;
-        let lead = a.dims()[..a.rank() - 1].to_vec();
-        let a2 = a.reshape(((), self.count))?.to_dtype(DType::F32)?;
-        let mut y = Tensor::zeros((a2.dim(0)?, h), DType::F32, &Device::Cpu)?;
-        for n0 in (0..self.count).step_by(self.chunk()) {
-            let r = n0..(n0 + self.chunk()).min(self.count);
-            let part = a2.narrow(1, n0, r.len())?.contiguous()?;
-            y = (y + self.times(&part, 2, r)?)?;
-        }
-        let mut dims = lead;
+        let (h, n) = (self.layout.hidden, self.count);
+        let mut dims = a.dims()[..a.rank() - 1].to_vec();
         dims.push(h);
-        Ok(y.reshape(dims)?)
+        let m = dims[..dims.len() - 1].iter().product::<usize>();
+        let a: Vec<f32> = a.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+        let mut y = vec![0f32; m * h];
+        let step = self.chunk();
+        gemm::with_scratch(step.min(n) * h, |w| {
+            for n0 in (0..n).step_by(step) {
+                let r = n0..(n0 + step).min(n);
+                let len = r.len();
+                let w = &mut w[..len * h];
+                self.dequantize(2, r, w);
+                let part = View::new(&a, m, n).columns(n0, len);
+                gemm::matmul_into(part, View::new(w, len, h), &mut y, h, 0, n0 > 0);
+            }
+        });
+        Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
     }
 }
 

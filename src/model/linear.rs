@@ -4,9 +4,11 @@
 //!
 //! Single-row inputs on CPU (the decode step) go through the streaming
 //! [`crate::kernels::matvec`] / [`crate::kernels::quant::matvec_q`]
-//! kernels; everything else through candle's matmul (quantized rows
-//! dequantized a chunk of rows at a time into a buffer of ~1 MiB).
+//! kernels; everything else through candle's matmul (quantized rows:
+//! dequantized a chunk of rows at a time into a reused buffer of ~1 MiB,
+//! multiplied by [`crate::kernels::gemm`]).
 
+use crate::kernels::gemm::{self, View};
 use crate::kernels::quant::{self, Q8Act, QFormat};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -141,20 +143,25 @@ impl QMatrix {
         Ok(out)
     }
 
-    /// `x [m, cols]` (f32) → `x · Wᵀ` `[m, rows]`, a chunk of rows dequantized at a time.
+    /// `x [m, cols]` (f32) → `x · Wᵀ` `[m, rows]`, a chunk of rows dequantized
+    /// at a time into the thread's reused buffer and multiplied into the
+    /// output's columns ([`gemm`]).
     fn matmul_t(&self, x: &Tensor) -> Result<Tensor> {
         let (k, n) = (self.cols, self.rows());
+        let m = x.dim(0)?;
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; m * n];
         let step = chunk_rows(k);
-        let mut buf = vec![0f32; step * k];
-        let mut outs = Vec::with_capacity(n.div_ceil(step));
-        for r0 in (0..n).step_by(step) {
-            let r1 = (r0 + step).min(n);
-            let w = &mut buf[..(r1 - r0) * k];
-            self.dequantize_rows(r0..r1, w);
-            let w = Tensor::from_slice(w, (r1 - r0, k), x.device())?;
-            outs.push(x.matmul(&w.t()?)?);
-        }
-        Ok(Tensor::cat(&outs, 1)?)
+        gemm::with_scratch(step.min(n) * k, |buf| {
+            for r0 in (0..n).step_by(step) {
+                let r1 = (r0 + step).min(n);
+                let w = &mut buf[..(r1 - r0) * k];
+                self.dequantize_rows(r0..r1, w);
+                let (a, b) = (View::new(&xs, m, k), View::new(w, r1 - r0, k));
+                gemm::matmul_t_into(a, b, &mut out, n, r0, false);
+            }
+        });
+        Ok(Tensor::from_vec(out, (m, n), x.device())?)
     }
 }
 
