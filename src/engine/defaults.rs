@@ -107,6 +107,15 @@ pub const MODEL_NAME: &str = "smollm2-135m-instruct";
 /// Where `prepare-model` puts model folders.
 pub const MODELS_DIR: &str = "models";
 
+/// Allocations of at least this many bytes get a mapping of their own,
+/// returned to the system when freed
+/// ([`crate::sys::memory::bound_allocator_retention`]): glibc's starting
+/// value, kept fixed (peak RSS ≤ 1.1× RSS after load; docs/BENCHMARKS.md).
+pub const MALLOC_MMAP_THRESHOLD: usize = 128 * 1024;
+/// glibc malloc arenas (by default one per thread, each keeping what its
+/// thread freed).
+pub const MALLOC_ARENAS: usize = 1;
+
 /// Node only: requests waiting at most; more are rejected.
 pub const QUEUE_DEPTH: usize = 8;
 

@@ -72,6 +72,13 @@ impl Engine {
             opts.ffn = m.ffn_rows();
         }
         let model = Model::from_dir(dir, &opts)?;
+        // After the load: the weights' buffers were placed as before (the
+        // smaller ones on the heap's huge pages, not in mappings of their
+        // own, which cost f16 decode ~5-10 %).
+        crate::sys::memory::bound_allocator_retention(
+            crate::engine::defaults::MALLOC_MMAP_THRESHOLD,
+            crate::engine::defaults::MALLOC_ARENAS,
+        );
         let mlps: Vec<&Mlp> = model.blocks.iter().map(|b| &b.mlp).collect();
         let selectors = match &method {
             Some(m) => m.selector(&mlps, model.config().intermediate_size)?,

@@ -192,28 +192,62 @@ mod tests {
             // Into columns 3..3 + n of a wider buffer, then again, accumulated.
             let cols = n + 5;
             let mut out = vec![7f32; m * cols];
-            matmul_t_into(View::new(&a, m, k), View::new(&b, n, k), &mut out, cols, 3, false);
+            matmul_t_into(
+                View::new(&a, m, k),
+                View::new(&b, n, k),
+                &mut out,
+                cols,
+                3,
+                false,
+            );
             for i in 0..m {
                 assert!(out[i * cols..i * cols + 3].iter().all(|&v| v == 7.0));
-                assert!(out[i * cols + 3 + n..(i + 1) * cols].iter().all(|&v| v == 7.0));
+                assert!(out[i * cols + 3 + n..(i + 1) * cols]
+                    .iter()
+                    .all(|&v| v == 7.0));
                 for j in 0..n {
                     let (g, w) = (out[i * cols + 3 + j], want[i * n + j]);
-                    assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{m}x{k}x{n} ({i},{j}): {g} vs {w}");
+                    assert!(
+                        (g - w).abs() < 1e-4 * (1.0 + w.abs()),
+                        "{m}x{k}x{n} ({i},{j}): {g} vs {w}"
+                    );
                 }
             }
-            matmul_t_into(View::new(&a, m, k), View::new(&b, n, k), &mut out, cols, 3, true);
+            matmul_t_into(
+                View::new(&a, m, k),
+                View::new(&b, n, k),
+                &mut out,
+                cols,
+                3,
+                true,
+            );
             let (g, w) = (out[3], 2.0 * want[0]);
-            assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "accumulated: {g} vs {w}");
+            assert!(
+                (g - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "accumulated: {g} vs {w}"
+            );
             // a · b with b [k, n], a a column range of a wider matrix.
             let wide = data(m * (k + 4), 3);
-            let a2: Vec<f32> = wide.chunks(k + 4).flat_map(|r| r[2..2 + k].to_vec()).collect();
+            let a2: Vec<f32> = wide
+                .chunks(k + 4)
+                .flat_map(|r| r[2..2 + k].to_vec())
+                .collect();
             let b2 = data(k * n, 4);
             let want = plain(&a2, &b2, m, k, n, false);
             let mut out = vec![0f32; m * n];
-            let a_view = View { data: &wide, rows: m, cols: k + 4, stride: k + 4 }.columns(2, k);
+            let a_view = View {
+                data: &wide,
+                rows: m,
+                cols: k + 4,
+                stride: k + 4,
+            }
+            .columns(2, k);
             matmul_into(a_view, View::new(&b2, k, n), &mut out, n, 0, false);
             for (g, w) in out.iter().zip(&want) {
-                assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{m}x{k}x{n}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() < 1e-4 * (1.0 + w.abs()),
+                    "{m}x{k}x{n}: {g} vs {w}"
+                );
             }
         }
     }
@@ -223,6 +257,13 @@ mod tests {
     fn an_output_too_small_is_refused() {
         let (a, b) = (data(6, 1), data(6, 2));
         let mut out = vec![0f32; 3];
-        matmul_t_into(View::new(&a, 2, 3), View::new(&b, 2, 3), &mut out, 2, 0, false);
+        matmul_t_into(
+            View::new(&a, 2, 3),
+            View::new(&b, 2, 3),
+            &mut out,
+            2,
+            0,
+            false,
+        );
     }
 }
