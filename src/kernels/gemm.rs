@@ -53,90 +53,77 @@ impl<'a> View<'a> {
     }
 }
 
-/// `out[:, col0..col0 + n] (+)= a · bᵀ` for `a [m, k]`, `b [n, k]` (rows of
-/// weights, as stored) and `out` row-major with `out_cols` columns; with
-/// `accumulate` the product is added to what `out` holds.
-pub fn matmul_t_into(
-    a: View,
-    b: View,
-    out: &mut [f32],
-    out_cols: usize,
-    col0: usize,
-    accumulate: bool,
-) {
-    assert_eq!(a.cols, b.cols, "inner dimensions");
-    // bᵀ as a view: element (i, j) = b[j, i], so row stride 1, column stride b.stride.
-    product(a, (1, b.stride), b.rows, b, out, out_cols, col0, accumulate);
+/// How the right-hand matrix of [`matmul_into`] is stored.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Rhs {
+    /// `b [k, n]`: the product is `a · b`.
+    AsIs,
+    /// `b [n, k]` (rows of weights, as stored): the product is `a · bᵀ`.
+    Transposed,
 }
 
-/// `out[:, col0..col0 + n] (+)= a · b` for `a [m, k]` and `b [k, n]`.
-pub fn matmul_into(
-    a: View,
-    b: View,
-    out: &mut [f32],
-    out_cols: usize,
-    col0: usize,
-    accumulate: bool,
-) {
-    assert_eq!(a.cols, b.rows, "inner dimensions");
-    product(a, (b.stride, 1), b.cols, b, out, out_cols, col0, accumulate);
+/// Where [`matmul_into`] writes: columns `col0..col0 + n` of the
+/// row-major `data` with `cols` columns; with `accumulate` the product is
+/// added to what is there.
+pub struct Out<'a> {
+    pub data: &'a mut [f32],
+    pub cols: usize,
+    pub col0: usize,
+    pub accumulate: bool,
 }
 
-/// `out (+)= a · rhs`, `rhs` (`k × n`) read from `b.data` with (row,
-/// column) strides `rhs_strides`.
-#[allow(clippy::too_many_arguments)]
-fn product(
-    a: View,
-    rhs_strides: (usize, usize),
-    n: usize,
-    b: View,
-    out: &mut [f32],
-    out_cols: usize,
-    col0: usize,
-    accumulate: bool,
-) {
+/// `out (+)= a · b` (or `a · bᵀ`) for `a [m, k]`, written into `out`'s columns.
+pub fn matmul_into(a: View, b: View, rhs: Rhs, out: Out) {
     a.check("matmul lhs");
     b.check("matmul rhs");
-    let (m, k) = (a.rows, a.cols);
+    // The right-hand matrix's (k, n) and (row, column) strides over `b.data`.
+    let (k, n, rs, cs) = match rhs {
+        Rhs::AsIs => (b.rows, b.cols, b.stride, 1),
+        Rhs::Transposed => (b.cols, b.rows, 1, b.stride),
+    };
+    assert_eq!(a.cols, k, "matmul inner dimensions");
+    let m = a.rows;
     assert!(
-        col0 + n <= out_cols && m * out_cols <= out.len(),
-        "matmul out: {m}x{n} at column {col0} of a {} value buffer, {out_cols} columns",
-        out.len()
+        out.col0 + n <= out.cols && m * out.cols <= out.data.len(),
+        "matmul out: {m}x{n} at column {} of a {} value buffer, {} columns",
+        out.col0,
+        out.data.len(),
+        out.cols
     );
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        if !accumulate {
-            out.chunks_mut(out_cols)
+        if !out.accumulate {
+            out.data
+                .chunks_mut(out.cols)
                 .take(m)
-                .for_each(|r| r[col0..col0 + n].fill(0.0));
+                .for_each(|r| r[out.col0..out.col0 + n].fill(0.0));
         }
         return;
     }
-    let threads = rayon::current_num_threads();
-    let parallelism = match threads {
+    let parallelism = match rayon::current_num_threads() {
         1 => gemm::Parallelism::None,
         t => gemm::Parallelism::Rayon(t),
     };
     // SAFETY: the views were checked to lie inside their slices and `out`
-    // holds `m` rows of `out_cols` with the `n` columns from `col0`;
-    // `out` is borrowed mutably, so nothing else reads or writes it.
+    // holds `m` rows of `out.cols` with the `n` columns from `out.col0`;
+    // `out.data` is borrowed mutably, so nothing else reads or writes it.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr().add(col0),
+            out.data.as_mut_ptr().add(out.col0),
             1,
-            out_cols as isize,
-            accumulate,
+            out.cols as isize,
+            out.accumulate,
             a.data.as_ptr(),
             1,
             a.stride as isize,
             b.data.as_ptr(),
-            rhs_strides.1 as isize,
-            rhs_strides.0 as isize,
+            cs as isize,
+            rs as isize,
             1.0,
             1.0,
             false,
@@ -192,13 +179,17 @@ mod tests {
             // Into columns 3..3 + n of a wider buffer, then again, accumulated.
             let cols = n + 5;
             let mut out = vec![7f32; m * cols];
-            matmul_t_into(
+            let into = Out {
+                data: &mut out,
+                cols,
+                col0: 3,
+                accumulate: false,
+            };
+            matmul_into(
                 View::new(&a, m, k),
                 View::new(&b, n, k),
-                &mut out,
-                cols,
-                3,
-                false,
+                Rhs::Transposed,
+                into,
             );
             for i in 0..m {
                 assert!(out[i * cols..i * cols + 3].iter().all(|&v| v == 7.0));
@@ -213,13 +204,17 @@ mod tests {
                     );
                 }
             }
-            matmul_t_into(
+            let into = Out {
+                data: &mut out,
+                cols,
+                col0: 3,
+                accumulate: true,
+            };
+            matmul_into(
                 View::new(&a, m, k),
                 View::new(&b, n, k),
-                &mut out,
-                cols,
-                3,
-                true,
+                Rhs::Transposed,
+                into,
             );
             let (g, w) = (out[3], 2.0 * want[0]);
             assert!(
@@ -242,7 +237,13 @@ mod tests {
                 stride: k + 4,
             }
             .columns(2, k);
-            matmul_into(a_view, View::new(&b2, k, n), &mut out, n, 0, false);
+            let out_all = Out {
+                data: &mut out,
+                cols: n,
+                col0: 0,
+                accumulate: false,
+            };
+            matmul_into(a_view, View::new(&b2, k, n), Rhs::AsIs, out_all);
             for (g, w) in out.iter().zip(&want) {
                 assert!(
                     (g - w).abs() < 1e-4 * (1.0 + w.abs()),
@@ -257,13 +258,17 @@ mod tests {
     fn an_output_too_small_is_refused() {
         let (a, b) = (data(6, 1), data(6, 2));
         let mut out = vec![0f32; 3];
-        matmul_t_into(
+        let into = Out {
+            data: &mut out,
+            cols: 2,
+            col0: 0,
+            accumulate: false,
+        };
+        matmul_into(
             View::new(&a, 2, 3),
             View::new(&b, 2, 3),
-            &mut out,
-            2,
-            0,
-            false,
+            Rhs::Transposed,
+            into,
         );
     }
 }

@@ -9,7 +9,7 @@
 //! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
 //! on 8-bit activations.
 
-use crate::kernels::gemm::{self, View};
+use crate::kernels::gemm::{self, Out, Rhs, View};
 use crate::kernels::quant::{self, BundleLayout};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -207,6 +207,12 @@ impl Bundles {
         let lead = x.dims()[..x.rank() - 1].to_vec();
         let mut dims = lead.clone();
         dims.push(self.count);
+        if x.dims().last() != Some(&h) {
+            bail!(
+                "MLP input of shape {:?} for bundles of hidden size {h}",
+                x.dims()
+            );
+        }
         let v: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let m = v.len() / h;
         if quant::int8_prefill() && x.device().is_cpu() {
@@ -228,9 +234,21 @@ impl Bundles {
                 let (len, x) = (r.len(), View::new(&v, m, h));
                 let w = &mut w[..len * h];
                 self.dequantize(0, r.clone(), w);
-                gemm::matmul_t_into(x, View::new(w, len, h), &mut out, n, n0, false);
+                let gate_out = Out {
+                    data: &mut out,
+                    cols: n,
+                    col0: n0,
+                    accumulate: false,
+                };
+                gemm::matmul_into(x, View::new(w, len, h), Rhs::Transposed, gate_out);
                 self.dequantize(1, r, w);
-                gemm::matmul_t_into(x, View::new(w, len, h), &mut up, len, 0, false);
+                let up_out = Out {
+                    data: &mut up,
+                    cols: len,
+                    col0: 0,
+                    accumulate: false,
+                };
+                gemm::matmul_into(x, View::new(w, len, h), Rhs::Transposed, up_out);
                 for (o, u) in out.chunks_exact_mut(n).zip(up.chunks_exact(len)) {
                     o[n0..n0 + len]
                         .iter_mut()
@@ -247,6 +265,12 @@ impl Bundles {
     /// the output.
     pub fn down(&self, a: &Tensor) -> Result<Tensor> {
         let (h, n) = (self.layout.hidden, self.count);
+        if a.dims().last() != Some(&n) {
+            bail!(
+                "down_proj input of shape {:?} for {n} neuron bundles",
+                a.dims()
+            );
+        }
         let mut dims = a.dims()[..a.rank() - 1].to_vec();
         dims.push(h);
         let m = dims[..dims.len() - 1].iter().product::<usize>();
@@ -260,7 +284,13 @@ impl Bundles {
                 let w = &mut w[..len * h];
                 self.dequantize(2, r, w);
                 let part = View::new(&a, m, n).columns(n0, len);
-                gemm::matmul_into(part, View::new(w, len, h), &mut y, h, 0, n0 > 0);
+                let into = Out {
+                    data: &mut y,
+                    cols: h,
+                    col0: 0,
+                    accumulate: n0 > 0,
+                };
+                gemm::matmul_into(part, View::new(w, len, h), Rhs::AsIs, into);
             }
         });
         Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
@@ -283,6 +313,26 @@ mod tests {
         let bb = layout.bundle_bytes();
         let data = (0..n).flat_map(|i| vec![i as u8; bb]).collect();
         Bundles::new(layout, data).unwrap()
+    }
+
+    #[test]
+    fn prefill_inputs_of_the_wrong_width_are_refused_naming_the_sizes() {
+        let b = numbered(5);
+        let x = Tensor::zeros((2, 33), DType::F32, &Device::Cpu).unwrap();
+        let err = b.activations(&x).unwrap_err().to_string();
+        assert!(
+            err.contains("[2, 33]") && err.contains("hidden size 32"),
+            "{err}"
+        );
+        let a = Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap();
+        let err = b.down(&a).unwrap_err().to_string();
+        assert!(
+            err.contains("[2, 4]") && err.contains("5 neuron bundles"),
+            "{err}"
+        );
+        // The right widths go through: `[2, 5]` activations, `[2, 32]` out.
+        let a = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(b.down(&a).unwrap().dims(), [2, 32]);
     }
 
     fn labels(b: &Bundles) -> Vec<usize> {

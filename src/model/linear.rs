@@ -8,7 +8,7 @@
 //! dequantized a chunk of rows at a time into a reused buffer of ~1 MiB,
 //! multiplied by [`crate::kernels::gemm`]).
 
-use crate::kernels::gemm::{self, View};
+use crate::kernels::gemm::{self, Out, Rhs, View};
 use crate::kernels::quant::{self, Q8Act, QFormat};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -158,7 +158,13 @@ impl QMatrix {
                 let w = &mut buf[..(r1 - r0) * k];
                 self.dequantize_rows(r0..r1, w);
                 let (a, b) = (View::new(&xs, m, k), View::new(w, r1 - r0, k));
-                gemm::matmul_t_into(a, b, &mut out, n, r0, false);
+                let into = Out {
+                    data: &mut out,
+                    cols: n,
+                    col0: r0,
+                    accumulate: false,
+                };
+                gemm::matmul_into(a, b, Rhs::Transposed, into);
             }
         });
         Ok(Tensor::from_vec(out, (m, n), x.device())?)
