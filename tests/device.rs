@@ -54,6 +54,7 @@ fn spec(model: &Path, mode: Mode) -> EngineSpec {
             task: "qa".into(),
             score: Default::default(),
             gate_keep: 1.0,
+            layer_drop: Vec::new(),
         },
         ..Default::default()
     }

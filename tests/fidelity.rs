@@ -23,6 +23,7 @@ fn opts() -> FidelityOptions {
     FidelityOptions {
         data: vec![data],
         limit: 2,
+        skip: 0,
         tokens: 6,
     }
 }
@@ -95,6 +96,12 @@ fn every_score_with_every_neuron_selected_is_dense_and_fewer_neurons_are_not() {
     let mut gated = all.effective_params();
     gated.gate_keep = 0.5;
     selections.push(gated);
+    // Per-layer shares of the left-out neurons: at φ = 1 nothing is left
+    // out whatever the weights.
+    let mut shared = all.effective_params();
+    shared.score = Score::Wina;
+    shared.layer_drop = (0..30).map(|l| (l % 3) as f64).collect();
+    selections.push(shared);
     let r = fidelity::run(
         &mut reference,
         &mut [Candidate::Ours {
@@ -105,7 +112,9 @@ fn every_score_with_every_neuron_selected_is_dense_and_fewer_neurons_are_not() {
         &opts,
     )
     .unwrap();
-    assert_eq!(r.len(), Score::ALL.len() + 2);
+    assert_eq!(r.len(), Score::ALL.len() + 3);
+    let shared = &r[Score::ALL.len() + 2][0];
+    assert!(shared.mean_kl < 1e-9, "layer_drop at φ 1: {shared}");
     // Exact up to rounding: the loaded rows come by pread and prefill runs
     // on a rayon worker, so a matmul may split (and sum) differently.
     for (score, col) in Score::ALL.iter().zip(&r) {
@@ -147,6 +156,9 @@ fn a_bad_candidate_is_refused_naming_the_key_or_parameter() {
         ("alpha=x", "alpha"),
         ("keep=0", "gate_keep"),
         ("keep=1.5", "gate_keep"),
+        ("mode=coreinfer,phi=0.5,drop=1:-1", "layer_drop[1]"),
+        ("mode=coreinfer,phi=0.5,drop=1:x", "`x` is not a number"),
+        ("dense=0:a", "`a` is not a number"),
     ] {
         let e = format!("{:#}", fidelity::candidate_spec(&s, bad).unwrap_err());
         assert!(e.contains(named), "{bad}: {e}");
@@ -163,4 +175,50 @@ fn gating_a_quantized_model_is_refused_with_the_reason() {
         .unwrap_err();
     let e = format!("{e:#}");
     assert!(e.contains("gating") && e.contains("q8/q4"), "{e}");
+}
+
+#[test]
+fn layer_drop_moves_neurons_between_layers_at_the_same_total() {
+    // SmolLM2 has 30 layers, 0 and 29 dense here: weights that average 1
+    // over the 28 sparse layers leave out as many neurons as φ alone, but
+    // not the same ones; a list of the wrong length is refused at load.
+    let opts = opts();
+    let mut reference = spec().load().unwrap();
+    let base = "mode=coreinfer,phi=0.6,score=wina,dense=0:29";
+    let even = fidelity::candidate_spec(&spec(), base).unwrap();
+    let weights: Vec<String> = (0..30)
+        .map(|l| match l {
+            0 | 29 => "0".into(),
+            l if l % 2 == 1 => "1.5".into(),
+            _ => "0.5".into(),
+        })
+        .collect();
+    let shared =
+        fidelity::candidate_spec(&spec(), &format!("{base},drop={}", weights.join(":"))).unwrap();
+    let mut engine = even.load().unwrap();
+    let r = fidelity::run(
+        &mut reference,
+        &mut [Candidate::Ours {
+            engine: &mut engine,
+            selections: vec![even.effective_params(), shared.effective_params()],
+            batched: false,
+        }],
+        &opts,
+    )
+    .unwrap();
+    let (even_r, shared_r) = (&r[0][0], &r[1][0]);
+    let rel = (even_r.decode_bytes_per_token - shared_r.decode_bytes_per_token).abs()
+        / even_r.decode_bytes_per_token;
+    assert!(rel < 1e-3, "{even_r} vs {shared_r}");
+    assert!(even_r.mean_kl > 0.0 && shared_r.mean_kl > 0.0);
+    assert_ne!(
+        even_r.mean_kl, shared_r.mean_kl,
+        "the same neurons left out"
+    );
+    let short = fidelity::candidate_spec(&spec(), &format!("{base},drop=1:1")).unwrap();
+    let e = format!("{:#}", short.load().err().expect("refused"));
+    assert!(
+        e.contains("layer_drop has 2 weights") && e.contains("30 layers"),
+        "{e}"
+    );
 }

@@ -20,6 +20,7 @@ fn params() -> SelectionParams {
         task: "translation".into(),
         score: Default::default(),
         gate_keep: 1.0,
+        layer_drop: Vec::new(),
     }
 }
 

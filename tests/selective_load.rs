@@ -21,6 +21,7 @@ fn plan(load_ratio: f64) -> LoadPlan {
         task: "qa".into(),
         score: Default::default(),
         gate_keep: 1.0,
+        layer_drop: Vec::new(),
     };
     LoadPlan::from_ranking(&ranking, &params).unwrap()
 }
@@ -137,6 +138,7 @@ mod compute {
             task: "translation".into(),
             score: Default::default(),
             gate_keep: 1.0,
+            layer_drop: Vec::new(),
         };
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");

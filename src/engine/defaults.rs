@@ -42,6 +42,9 @@ pub struct Defaults {
     /// them once it has read the model's config; [`Defaults::engine_spec`]
     /// keeps only the non-negative ones.
     pub dense_layers: &'static [i64],
+    /// Per layer, its share of the neurons φ leaves out (empty: even;
+    /// [`SelectionParams::layer_drop`]).
+    pub layer_drop: &'static [f64],
     /// Seed of the `random-load` subset.
     pub plan_seed: u64,
     /// Prompt tokens per forward pass; longer prompts are prefilled in
@@ -77,6 +80,7 @@ pub const CLI: Defaults = Defaults {
     compute_ratio: 0.4,
     token_ratio: 0.2,
     dense_layers: &[],
+    layer_drop: &[],
     plan_seed: 0,
     prefill_chunk: 512,
     max_context: None,
@@ -169,6 +173,7 @@ impl Defaults {
             task: self.task.into(),
             score: self.score,
             gate_keep: self.gate_keep,
+            layer_drop: self.layer_drop.to_vec(),
         }
     }
 

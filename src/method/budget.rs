@@ -222,6 +222,7 @@ mod tests {
             task: "qa".into(),
             score: crate::method::params::Score::Counts,
             gate_keep: 1.0,
+            layer_drop: Vec::new(),
         }
     }
 

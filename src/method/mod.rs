@@ -101,7 +101,6 @@ impl Method {
         if !self.mode.selects() {
             return Ok(None);
         }
-        let n_compute = count(p.compute_ratio, width);
         mlps.iter()
             .enumerate()
             .map(|(l, mlp)| {
@@ -121,7 +120,8 @@ impl Method {
                 };
                 Ok(Some(LayerSelector {
                     token_k: count(p.token_ratio, mlp.width()).max(1),
-                    dynamic_k: n_compute.saturating_sub(static_positions.len()),
+                    dynamic_k: count(p.layer_compute_ratio(l, width), width)
+                        .saturating_sub(static_positions.len()),
                     static_positions,
                     score: p.score,
                     down_norms,

@@ -9,7 +9,9 @@
 //!   the largest activations are that token's active set;
 //! - `dense_layers`: layers kept whole;
 //! - `score`: how a prompt's activations rank the loaded neurons for its
-//!   dynamic set ([`Score`]).
+//!   dynamic set ([`Score`]);
+//! - `layer_drop`: how the neurons φ leaves out are shared among the sparse
+//!   layers ([`SelectionParams::layer_compute_ratio`]; empty: evenly).
 //!
 //! Ratios become neuron counts by rounding `ratio · N` to the nearest integer.
 
@@ -36,6 +38,12 @@ pub struct SelectionParams {
     /// group of 64 ([`crate::kernels::swiglu_mlp_gated`]); 1 = no gating.
     #[serde(default = "no_gating")]
     pub gate_keep: f64,
+    /// Per layer, its share of the left-out neurons relative to an even
+    /// split: layer `l` computes `φ_l = 1 − w_l·(1 − φ)` of its width
+    /// (clamped to `[1/N, γ]`); empty = every `w_l` = 1 (φ in every sparse
+    /// layer). Weights that average 1 over the sparse layers keep φ's total.
+    #[serde(default)]
+    pub layer_drop: Vec<f64>,
 }
 
 fn no_gating() -> f64 {
@@ -100,6 +108,22 @@ impl SelectionParams {
         if !(k > 0.0 && k <= 1.0) {
             bail!("gate_keep (κ) must be in (0, 1] (1 = no per-token gating), got {k}");
         }
+        if !self.layer_drop.is_empty() {
+            if num_layers != usize::MAX && self.layer_drop.len() != num_layers {
+                bail!(
+                    "layer_drop has {} weights, but the model has {num_layers} layers",
+                    self.layer_drop.len()
+                );
+            }
+            if let Some((l, w)) = self
+                .layer_drop
+                .iter()
+                .enumerate()
+                .find(|(_, w)| !(w.is_finite() && **w >= 0.0))
+            {
+                bail!("layer_drop[{l}] must be a finite weight ≥ 0, got {w}");
+            }
+        }
         if let Some(&l) = self.dense_layers.iter().find(|&&l| l >= num_layers) {
             bail!("dense_layers lists layer {l}, but the model has {num_layers} layers");
         }
@@ -130,6 +154,13 @@ impl SelectionParams {
 }
 
 impl SelectionParams {
+    /// φ_l: the share of layer `l`'s width that its prompts compute
+    /// (`layer_drop`, see there), before rounding to neurons.
+    pub fn layer_compute_ratio(&self, layer: usize, width: usize) -> f64 {
+        let w = self.layer_drop.get(layer).copied().unwrap_or(1.0);
+        (1.0 - w * (1.0 - self.compute_ratio)).clamp(1.0 / width.max(1) as f64, self.load_ratio)
+    }
+
     /// Per gating group of [`crate::kernels::GATE_GROUP`] neurons, how many
     /// run up and down (`None`: κ = 1, no gating).
     pub fn gate_keep_count(&self) -> Option<usize> {
@@ -141,4 +172,46 @@ impl SelectionParams {
 /// Rounds `ratio · width` to a neuron count.
 pub fn count(ratio: f64, width: usize) -> usize {
     ((ratio * width as f64).round() as usize).min(width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(compute_ratio: f64, layer_drop: Vec<f64>) -> SelectionParams {
+        SelectionParams {
+            load_ratio: 0.9,
+            static_ratio: 0.0,
+            compute_ratio,
+            token_ratio: 0.2,
+            dense_layers: vec![],
+            task: "qa".into(),
+            score: Score::Wina,
+            gate_keep: 1.0,
+            layer_drop,
+        }
+    }
+
+    #[test]
+    fn layer_drop_shares_the_left_out_neurons_and_is_validated() {
+        let even = params(0.6, vec![]);
+        let shared = params(0.6, vec![0.0, 0.5, 1.5, 2.0, 9.0]);
+        assert_eq!(even.layer_compute_ratio(3, 100), 0.6);
+        // φ_l = 1 − w·0.4, within [1/N, γ]: 0.9 (γ), 0.8, 0.4, 0.2, 0.01.
+        let got: Vec<f64> = (0..5).map(|l| shared.layer_compute_ratio(l, 100)).collect();
+        for (g, w) in got.iter().zip([0.9, 0.8, 0.4, 0.2, 0.01]) {
+            assert!((g - w).abs() < 1e-12, "{got:?}");
+        }
+        assert!(shared.validate(5).is_ok());
+        let e = shared.validate(4).unwrap_err().to_string();
+        assert!(
+            e.contains("layer_drop has 5 weights") && e.contains("4 layers"),
+            "{e}"
+        );
+        let e = params(0.6, vec![1.0, f64::NAN])
+            .validate(2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("layer_drop[1]"), "{e}");
+    }
 }

@@ -47,7 +47,8 @@ pub enum Candidate<'a> {
 /// The engine `spec` describes, with the `key=value` pairs of `candidate`
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
 /// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
-/// `vocab`.
+/// `vocab`, `dense` (layers kept whole, `:`-separated) and `drop` (the
+/// per-layer weights of `layer_drop`, `:`-separated).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
     for pair in candidate
@@ -65,6 +66,17 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             })
         };
         let named = || format!("candidate `{candidate}`");
+        fn parse_list<T: std::str::FromStr>(value: &str) -> Result<Vec<T>> {
+            value
+                .split(':')
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("`{v}` is not a number"))
+                })
+                .collect()
+        }
         let p = &mut s.params;
         match key {
             "mode" => s.mode = value.parse().with_context(named)?,
@@ -76,8 +88,10 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "score" => p.score = value.parse().with_context(named)?,
             "keep" | "gate_keep" => p.gate_keep = ratio()?,
             "vocab" => s.vocab = value.parse().with_context(named)?,
+            "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
+            "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, dense, drop)"
             ),
         }
     }
@@ -95,6 +109,7 @@ pub fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
             token_ratio: 0.0,
             score: Score::Counts,
             gate_keep: 1.0,
+            layer_drop: Vec::new(),
             ..s.params.clone()
         },
         ..s.clone()
@@ -216,6 +231,9 @@ pub struct FidelityOptions {
     pub data: Vec<PathBuf>,
     /// Prompts per task.
     pub limit: usize,
+    /// Prompts of each task passed over first (calibrate on some rows,
+    /// compare on others).
+    pub skip: usize,
     /// Positions compared per prompt (the reference's greedy continuation).
     pub tokens: usize,
 }
@@ -347,11 +365,15 @@ pub fn run_with_progress(
         let eval_opts = EvalOptions {
             data: data.clone(),
             template: None,
-            limit: Some(opts.limit),
+            limit: Some(opts.skip + opts.limit),
             generate: generate.clone(),
             outputs: PathBuf::new(),
         };
-        let records = eval::prompts(&reference.codec, reference.model.max_context(), &eval_opts)?;
+        let records: Vec<_> =
+            eval::prompts(&reference.codec, reference.model.max_context(), &eval_opts)?
+                .into_iter()
+                .skip(opts.skip)
+                .collect();
         #[derive(Default)]
         struct Sums {
             kl: f64,

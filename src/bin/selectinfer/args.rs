@@ -73,6 +73,11 @@ pub struct MethodArgs {
     /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
     #[arg(long, value_delimiter = ',')]
     pub dense_layers: Vec<usize>,
+    /// Per layer, its share of the neurons φ leaves out (one weight per
+    /// layer, comma-separated; `scripts/layer_scan.sh` calibrates them);
+    /// none = an even split.
+    #[arg(long, value_delimiter = ',')]
+    pub layer_drop: Vec<f64>,
     /// Seed of the random-load subset.
     #[arg(long, default_value_t = CLI.plan_seed)]
     pub plan_seed: u64,
@@ -97,6 +102,7 @@ impl ModelArgs {
                 task: m.task.clone(),
                 score: m.score,
                 gate_keep: m.gate_keep,
+                layer_drop: m.layer_drop.clone(),
             },
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,

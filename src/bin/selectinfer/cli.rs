@@ -102,7 +102,8 @@ pub enum Command {
         #[arg(long, value_delimiter = ',')]
         dtypes: Vec<WeightDtype>,
         /// The flags changed by key=value pairs (mode, dtype, gamma, delta,
-        /// phi, alpha, score, keep), e.g. `mode=coreinfer,phi=0.5`; repeatable.
+        /// phi, alpha, score, keep, vocab, dense, drop), e.g.
+        /// `mode=coreinfer,phi=0.5` or `dense=0:23,drop=0:1.2:…`; repeatable.
         #[arg(long)]
         candidate: Vec<String>,
         /// Also candle's quantized model on model.gguf as a candidate.
@@ -116,6 +117,10 @@ pub enum Command {
         data: Vec<PathBuf>,
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Prompts of each task passed over before the --limit compared
+        /// (calibrate on other rows than those compared).
+        #[arg(long, default_value_t = 0)]
+        skip: usize,
         /// Positions compared per prompt (the reference's greedy continuation).
         #[arg(long, default_value_t = 32)]
         tokens: usize,

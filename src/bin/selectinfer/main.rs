@@ -120,6 +120,7 @@ fn run(cli: Cli) -> Result<()> {
             reference_dtype,
             data,
             limit,
+            skip,
             tokens,
             json,
         } => {
@@ -145,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
             let opts = fidelity::FidelityOptions {
                 data,
                 limit,
+                skip,
                 tokens,
             };
             let report =

@@ -126,6 +126,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Float(0.0, 1.0),
     ),
     spec(
+        "layer_drop",
+        "per layer, its share of the neurons phi leaves out (one weight per layer; scripts/layer_scan.sh calibrates them); [] = even (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
         "dense_layers",
         "layers kept whole; negative counts from the end (load-time)",
         false,

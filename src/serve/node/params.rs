@@ -177,6 +177,21 @@ impl NodeParams {
                 e.params.score = s.parse().context("parameter score")?;
             }
             "gate_keep" => e.params.gate_keep = float(name, v)?,
+            "layer_drop" => {
+                e.params.layer_drop = match v {
+                    ParameterValue::DoubleArray(a) => a.clone(),
+                    ParameterValue::IntegerArray(a) => a.iter().map(|&x| x as f64).collect(),
+                    ParameterValue::String(s) if s.trim().is_empty() => Vec::new(),
+                    ParameterValue::String(s) => s
+                        .split(',')
+                        .map(|x| x.trim().parse::<f64>())
+                        .collect::<Result<_, _>>()
+                        .with_context(|| {
+                            format!("parameter layer_drop: `{s}` is not a list of numbers")
+                        })?,
+                    other => bail!("parameter layer_drop must be a list of numbers, got {other:?}"),
+                }
+            }
             "vocab" => {
                 let s = string(name, v)?;
                 e.vocab = s.parse().context("parameter vocab")?;
@@ -264,6 +279,7 @@ impl NodeParams {
             "token_ratio" => ParameterValue::Double(r.token_ratio),
             "score" => ParameterValue::String(e.params.score.name().into()),
             "gate_keep" => ParameterValue::Double(e.params.gate_keep),
+            "layer_drop" => ParameterValue::DoubleArray(e.params.layer_drop.clone()),
             "vocab" => ParameterValue::String(e.vocab.name().into()),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
@@ -450,6 +466,16 @@ mod tests {
             e.to_string().contains("load_ratio must be in [0, 1]"),
             "{e}"
         );
+        let e = p
+            .set("layer_drop", &ParameterValue::String("1, x".into()))
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("parameter layer_drop"), "{e:#}");
+        p.set("layer_drop", &ParameterValue::DoubleArray(vec![0.0, 1.5]))
+            .unwrap();
+        assert_eq!(
+            p.get("layer_drop"),
+            Some(ParameterValue::DoubleArray(vec![0.0, 1.5]))
+        );
         assert_eq!(p.get("temperature"), defaults.get("temperature"));
         p.set("temperature", &ParameterValue::Double(0.7)).unwrap();
         assert_eq!(p.get("temperature"), Some(ParameterValue::Double(0.7)));
@@ -487,6 +513,16 @@ mod tests {
                         .map(|x| x.as_i64().unwrap())
                         .collect(),
                 ),
+                // ROS 2's YAML parser refuses an empty list: "" stands for one.
+                ParameterValue::DoubleArray(_) => ParameterValue::DoubleArray(match v {
+                    serde_yaml::Value::String(s) if s.is_empty() => Vec::new(),
+                    v => v
+                        .as_sequence()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect(),
+                }),
                 other => panic!("parameter {name}: no YAML form for {other:?}"),
             };
             assert_eq!(got, want, "parameter {name} in {path}");
