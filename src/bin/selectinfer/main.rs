@@ -4,7 +4,6 @@
 
 mod args;
 mod cli;
-
 use anyhow::{bail, Result};
 use clap::Parser;
 use cli::{Cli, Command};
@@ -215,8 +214,7 @@ fn run(cli: Cli) -> Result<()> {
             bandwidth,
             json,
         } => {
-            // Under a memory budget, γ as planned (with the tokenizer
-            // resident while planning, as a real load has it).
+            // Under a memory budget, γ as planned (tokenizer resident, as in a load).
             let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.model)?;
             let (spec, _) = model.spec().planned()?;
             drop(codec);

@@ -528,4 +528,57 @@ mod tests {
             assert_eq!(got, want, "parameter {name} in {path}");
         }
     }
+
+    /// `config/selective-qwen0.5b.yaml`, laid over `node.yaml` as ROS
+    /// merges parameter files (the later wins), gives parameters the node
+    /// accepts for Qwen2.5-Coder-0.5B: one `layer_drop` weight per layer,
+    /// averaging 1 over the sparse layers (φ's total kept).
+    #[test]
+    fn the_selective_overlay_is_valid_for_its_model() {
+        use crate::method::Mode;
+        use crate::sys::device::WeightDtype;
+        fn value(v: &serde_yaml::Value) -> ParameterValue {
+            use serde_yaml::Value as Y;
+            match v {
+                Y::Bool(b) => ParameterValue::Bool(*b),
+                Y::Number(n) if n.is_f64() => ParameterValue::Double(n.as_f64().unwrap()),
+                Y::Number(n) => ParameterValue::Integer(n.as_i64().unwrap()),
+                Y::String(s) => ParameterValue::String(s.clone()),
+                Y::Sequence(xs) if xs.iter().all(|x| x.is_i64()) => {
+                    ParameterValue::IntegerArray(xs.iter().map(|x| x.as_i64().unwrap()).collect())
+                }
+                Y::Sequence(xs) => {
+                    ParameterValue::DoubleArray(xs.iter().map(|x| x.as_f64().unwrap()).collect())
+                }
+                other => panic!("no parameter form for {other:?}"),
+            }
+        }
+        let mut given: Vec<(String, ParameterValue)> = Vec::new();
+        for file in ["node.yaml", "selective-qwen0.5b.yaml"] {
+            let path = format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"));
+            let yaml: serde_yaml::Value =
+                serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            for (k, v) in yaml["/**"]["ros__parameters"].as_mapping().unwrap() {
+                let name = k.as_str().unwrap().to_string();
+                given.retain(|(n, _)| *n != name);
+                given.push((name, value(v)));
+            }
+        }
+        let p = ParamHandle::from_overrides(&given)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+            .params;
+        let e = &p.engine;
+        assert_eq!((e.mode, e.dtype), (Mode::Coreinfer, WeightDtype::F16));
+        let layers = Config::from_file(&e.model.join("config.json"))
+            .unwrap()
+            .num_hidden_layers;
+        e.effective_params().validate(layers).unwrap();
+        assert_eq!(e.params.layer_drop.len(), layers);
+        let sparse: Vec<f64> = (0..layers)
+            .filter(|l| !e.params.dense_layers.contains(l))
+            .map(|l| e.params.layer_drop[l])
+            .collect();
+        let mean = sparse.iter().sum::<f64>() / sparse.len() as f64;
+        assert!((mean - 1.0).abs() < 1e-2, "mean weight {mean}");
+    }
 }
