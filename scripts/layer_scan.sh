@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/qwen2.5-coder-0.5b-instruct}; LIMIT=${2:-4}
 OUT=${3:-docs/fidelity/$(basename "$MODEL")-layer-scan.json}
-DTYPE=${DTYPE:-f16}; SKIP=${SKIP:-8}; BETA=${BETA:-1}; PHI=${PHI:-0.65}
+DTYPE=${DTYPE:-f16}; SKIP=${SKIP:-8}; BETA=${BETA:-0.67}; PHI=${PHI:-0.65}
 LAYERS=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$MODEL/config.json")
 C=()
 for l in $(seq 0 $((LAYERS - 1))); do
