@@ -71,6 +71,20 @@ fn dense_against_itself_is_exact_and_q4_is_close() {
     assert!(r.decode_bytes_per_token < 0.5 * 538e6, "{r}");
     let bad = FidelityOptions { tokens: 0, ..opts };
     assert!(fidelity::run(&mut reference, &mut q4, &bad).is_err());
+    // Skipping past the file's prompts is an error, not an empty report.
+    let past = FidelityOptions {
+        skip: 100_000,
+        tokens: 6,
+        ..bad
+    };
+    let e = format!(
+        "{:#}",
+        fidelity::run(&mut reference, &mut q4, &past).unwrap_err()
+    );
+    assert!(
+        e.contains("no prompt left") && e.contains("skipping 100000"),
+        "{e}"
+    );
 }
 
 #[test]

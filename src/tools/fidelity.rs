@@ -374,6 +374,14 @@ pub fn run_with_progress(
                 .into_iter()
                 .skip(opts.skip)
                 .collect();
+        if records.is_empty() {
+            bail!(
+                "{}: no prompt left to compare after skipping {} (limit {})",
+                data.display(),
+                opts.skip,
+                opts.limit
+            );
+        }
         #[derive(Default)]
         struct Sums {
             kl: f64,

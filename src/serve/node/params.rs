@@ -181,14 +181,7 @@ impl NodeParams {
                 e.params.layer_drop = match v {
                     ParameterValue::DoubleArray(a) => a.clone(),
                     ParameterValue::IntegerArray(a) => a.iter().map(|&x| x as f64).collect(),
-                    ParameterValue::String(s) if s.trim().is_empty() => Vec::new(),
-                    ParameterValue::String(s) => s
-                        .split(',')
-                        .map(|x| x.trim().parse::<f64>())
-                        .collect::<Result<_, _>>()
-                        .with_context(|| {
-                            format!("parameter layer_drop: `{s}` is not a list of numbers")
-                        })?,
+                    ParameterValue::String(s) => comma_list(name, s, "numbers")?,
                     other => bail!("parameter layer_drop must be a list of numbers, got {other:?}"),
                 }
             }
@@ -200,14 +193,7 @@ impl NodeParams {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
                     ParameterValue::Integer(x) => vec![*x],
-                    ParameterValue::String(s) if s.trim().is_empty() => Vec::new(),
-                    ParameterValue::String(s) => s
-                        .split(',')
-                        .map(|x| x.trim().parse::<i64>())
-                        .collect::<Result<_, _>>()
-                        .with_context(|| {
-                            format!("parameter dense_layers: `{s}` is not a list of integers")
-                        })?,
+                    ParameterValue::String(s) => comma_list(name, s, "integers")?,
                     other => {
                         bail!("parameter dense_layers must be a list of integers, got {other:?}")
                     }
@@ -339,6 +325,18 @@ impl NodeParams {
 pub struct ParamHandle {
     pub params: NodeParams,
     pub server: Arc<Managed>,
+}
+
+/// A list parameter given as a string: comma-separated values, "" = none
+/// (ROS 2's YAML parser refuses an empty list, so "" stands for one).
+fn comma_list<T: std::str::FromStr>(name: &str, s: &str, what: &str) -> Result<Vec<T>> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse::<T>().ok())
+        .collect::<Option<_>>()
+        .with_context(|| format!("parameter {name}: `{s}` is not a list of {what}"))
 }
 
 fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
