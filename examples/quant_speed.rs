@@ -9,7 +9,15 @@ use std::time::Instant;
 /// neurons of Q5_0 gate/up rows and Q8_0 down rows, 24 layers: 255 MB, out
 /// of cache), one token through every layer, the decode pool.
 fn bundled_mlp() {
-    use selectinfer::kernels::quant::BundleLayout;
+    use selectinfer::kernels::planar::{self, RowForm};
+    use selectinfer::kernels::quant_mlp::BundleLayout;
+    // BLOCKS=1: gate and up rows as whole blocks even where planar rows
+    // are preferred (to compare the two).
+    let rows = if planar::preferred() && std::env::var("BLOCKS").is_err() {
+        RowForm::Planar
+    } else {
+        RowForm::Blocks
+    };
     // CACHED=1: 256 neurons, one layer (in L2): the kernels' compute bound.
     let (h, n, layers) = if std::env::var("CACHED").is_ok() {
         (896usize, 256usize, 1usize)
@@ -21,6 +29,7 @@ fn bundled_mlp() {
         gate: QFormat::Q5_0,
         up: QFormat::Q5_0,
         down: QFormat::Q8_0,
+        rows,
     };
     let bytes = layout.bundle_bytes() * n;
     let mats: Vec<Vec<u8>> = (0..layers)
@@ -39,6 +48,9 @@ fn bundled_mlp() {
                     blk[0] = 0;
                     blk[1] = 0x1c;
                 }
+                if rows == RowForm::Planar {
+                    planar::make_planar(layout.gate, h, &mut b[..2 * g]);
+                }
             }
             w
         })
@@ -49,14 +61,14 @@ fn bundled_mlp() {
     for _ in 0..if layers == 1 { 3000 } else { 30 } {
         let t = Instant::now();
         for m in &mats {
-            quant::swiglu_bundles(&x, &layout, m, &mut y);
+            selectinfer::kernels::quant_mlp::swiglu_bundles(&x, &layout, m, &mut y);
         }
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
     let total = (bytes * layers) as f64;
     println!(
-        "bundled MLP (Qwen 0.5B shape, {:.0} MB): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s ({})",
+        "bundled MLP (Qwen 0.5B shape, {:.0} MB, {rows:?} gate/up rows): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s ({})",
         total / 1e6,
         times[times.len() / 2] * 1e3,
         total / times[times.len() / 2] / 1e9,
@@ -69,8 +81,16 @@ fn main() {
     if std::env::var("MLP").is_ok() {
         return bundled_mlp();
     }
+    use selectinfer::kernels::planar::{self, RowForm};
     let rows: usize = std::env::var("ROWS").map_or(200_000, |v| v.parse().unwrap());
-    let h = 576usize;
+    // H: the row length (default SmolLM2's 576: 18 blocks, two after the
+    // last group of four of a planar row; Qwen 0.5B's 896 has none).
+    let h: usize = std::env::var("H").map_or(576, |v| v.parse().unwrap());
+    let form = if planar::preferred() && std::env::var("BLOCKS").is_err() {
+        RowForm::Planar
+    } else {
+        RowForm::Blocks
+    };
     let x: Vec<f32> = (0..h).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
     let xq = Q8Act::quantize(&x);
     for f in [QFormat::Q8_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q4_0] {
@@ -88,16 +108,20 @@ fn main() {
                 b[3] = 0x1c;
             }
         }
+        let axpy_rows = w.clone();
+        if form == RowForm::Planar {
+            planar::make_planar(f, h, &mut w);
+        }
         let mut out = vec![0f32; rows];
         let mut best = f64::MAX;
         let mut best1 = f64::MAX;
         for _ in 0..(4_000_000 / rows).max(20) {
             let t = Instant::now();
-            quant::matvec_q(f, &w, &xq, &mut out);
+            quant::matvec_q(f, form, &w, &xq, &mut out);
             best = best.min(t.elapsed().as_secs_f64());
             let t = Instant::now();
             for (o, r) in out.iter_mut().zip(w.chunks_exact(f.row_bytes(h))) {
-                *o = quant::dot(f, r, &xq);
+                *o = quant::dot_in(f, form, r, &xq);
             }
             best1 = best1.min(t.elapsed().as_secs_f64());
         }
@@ -105,13 +129,13 @@ fn main() {
         let mut besta = f64::MAX;
         for _ in 0..(2_000_000 / rows).max(10) {
             let t = Instant::now();
-            for r in w.chunks_exact(f.row_bytes(h)) {
+            for r in axpy_rows.chunks_exact(f.row_bytes(h)) {
                 quant::axpy(f, 0.5, r, &mut y);
             }
             besta = besta.min(t.elapsed().as_secs_f64());
         }
         println!(
-            "{f}: matvec pool {:.1} GB/s, one thread {:.1} GB/s, axpy one thread {:.1} GB/s ({})",
+            "{f} ({form:?}): matvec pool {:.1} GB/s, one thread {:.1} GB/s, axpy one thread {:.1} GB/s ({})",
             bytes as f64 / best / 1e9,
             bytes as f64 / best1 / 1e9,
             bytes as f64 / besta / 1e9,

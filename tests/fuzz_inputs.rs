@@ -410,7 +410,9 @@ fn qfile_and_bundles_reader() {
 
 #[test]
 fn bundles_from_bytes() {
-    use selectinfer::kernels::quant::{BundleLayout, QFormat};
+    use selectinfer::kernels::planar::RowForm;
+    use selectinfer::kernels::quant::QFormat;
+    use selectinfer::kernels::quant_mlp::BundleLayout;
     use selectinfer::model::bundles::Bundles;
     let format = prop::sample::select(vec![
         QFormat::Q4_0,
@@ -436,6 +438,7 @@ fn bundles_from_bytes() {
             gate,
             up,
             down,
+            rows: RowForm::Blocks,
         };
         // The bundle size, computed here without overflow.
         let blocks = [gate, up, down]

@@ -1,8 +1,10 @@
 //! CPU kernels for the single-token (decode) path (layer 1), split by op
 //! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
 //! attention and row gathers, and the [`quant`]ized-row (ggml block)
-//! forms of the products; the ISA back ends apart (`x86`: AVX2/FMA/F16C,
-//! `x86_vnni`: AVX-512 VNNI for the quantized rows;
+//! forms of the products (rows of whole blocks or [`planar`]; the bundled
+//! MLP in [`quant_mlp`]); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
+//! `x86_vnni`: AVX-512 VNNI for the quantized rows, `x86_vnni_planar` for
+//! planar ones;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
 //! [`spin_pool`] beside them. This file holds the bridges from candle
 //! tensors to the slices the kernels take.
@@ -25,9 +27,11 @@ pub mod gemm;
 pub mod matvec;
 mod mlp;
 mod norm;
+pub mod planar;
 pub mod portable;
 mod portable_quant;
 pub mod quant;
+pub mod quant_mlp;
 mod rope;
 pub mod spin_pool;
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +40,8 @@ mod x86;
 mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni_planar;
 
 pub use attention::decode_attention;
 pub use gather::{gather_rows, merge_rows};

@@ -3,11 +3,12 @@
 //! activations quantized per block to 8 bits (as llama.cpp's q8
 //! activations), and the ops on them: a row's dot with the activations,
 //! a row's axpy into an f32 vector (`down_proj`'s neuron rows), a matrix
-//! product over rows of blocks, and the whole SwiGLU MLP over *neuron
-//! bundles* (a neuron's gate row, up row and down row stored together).
-//! The back ends are apart: `x86_vnni` (AVX-512 with VNNI: Zen 4, Ice
-//! Lake and later), `x86_quant` (AVX2/FMA/F16C) and `portable_quant`
-//! (every other target; NEON on aarch64 by the compiler).
+//! product over rows of blocks, for rows of whole blocks or in the
+//! [`planar`](super::planar) form (the SwiGLU MLP over neuron bundles is
+//! [`super::quant_mlp`]). The back ends are apart: `x86_vnni` (AVX-512
+//! with VNNI: Zen 4, Ice Lake and later; `x86_vnni_planar` for planar
+//! rows), `x86_quant` (AVX2/FMA/F16C) and `portable_quant` (every other
+//! target; NEON on aarch64 by the compiler).
 //!
 //! Every block holds 32 weights and an f16 scale `d` (`Q4_1` also an f16
 //! minimum `m`). A weight is `d·q` for `Q8_0` (`q` an i8), `d·(q-8)` for
@@ -16,11 +17,11 @@
 //! its high nibble weight `j+16`; `Q5_0`'s fifth bits are one u32, bit
 //! `i` for weight `i`.
 
+use super::planar::{self, RowForm};
 use super::portable_quant;
 use super::spin_pool::{DisjointSlice, SpinPool};
 #[cfg(target_arch = "x86_64")]
 use super::{x86_quant, x86_vnni};
-use anyhow::{bail, Result};
 
 /// Weights per block.
 pub const QK: usize = 32;
@@ -75,7 +76,9 @@ impl QFormat {
 /// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
 /// for the AVX-512 kernels (and only where they run) also `d8` (each `d`
 /// 8 times) and `corr` (per block 8 i32: `-Σq`, then 7 zeros), so that a
-/// pair of blocks loads its scales and offsets in one register each.
+/// pair of blocks loads its scales and offsets in one register each; and
+/// for the kernels over planar rows `qn`, `d16`, `corr16`
+/// ([`super::planar`]), per whole group of four blocks.
 #[derive(Debug, Clone, Default)]
 pub struct Q8Act {
     pub q: Vec<i8>,
@@ -83,6 +86,9 @@ pub struct Q8Act {
     pub s: Vec<f32>,
     pub d8: Vec<f32>,
     pub corr: Vec<i32>,
+    pub qn: Vec<i8>,
+    pub d16: Vec<f32>,
+    pub corr16: Vec<i32>,
 }
 
 impl Q8Act {
@@ -99,7 +105,9 @@ impl Q8Act {
             s: Vec::with_capacity(blocks),
             d8: Vec::with_capacity(if wide { blocks * 8 } else { 0 }),
             corr: vec![0; if wide { blocks * 8 } else { 0 }],
+            ..Self::default()
         };
+        let mut sums = Vec::with_capacity(if wide { blocks } else { 0 });
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -114,9 +122,19 @@ impl Q8Act {
             if wide {
                 a.d8.extend([d; 8]);
                 a.corr[b * 8] = -sum;
+                sums.push(sum);
             }
         }
+        if wide {
+            (a.qn, a.d16, a.corr16) = super::planar::planar_acts(&a.q, &a.d, &sums);
+        }
         a
+    }
+
+    /// True when the planar kernels' arrays are here (where they run).
+    #[inline]
+    pub fn has_planar(&self) -> bool {
+        !self.d8.is_empty()
     }
 
     pub fn len(&self) -> usize {
@@ -150,6 +168,27 @@ pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         return unsafe { x86_quant::dot(format, row, x) };
     }
     portable_quant::dot(format, row, x)
+}
+
+/// `row · x` for a row stored in `form`.
+#[inline]
+pub fn dot_in(format: QFormat, form: RowForm, row: &[u8], x: &Q8Act) -> f32 {
+    match form {
+        RowForm::Blocks => dot(format, row, x),
+        RowForm::Planar => planar::dot_planar(format, row, x),
+    }
+}
+
+/// The row, stored in `form`, dequantized into `out`.
+pub fn dequantize_row_in(format: QFormat, form: RowForm, row: &[u8], out: &mut [f32]) {
+    match form {
+        RowForm::Blocks => dequantize_row(format, row, out),
+        RowForm::Planar => {
+            let mut whole = vec![0u8; row.len()];
+            planar::to_blocks(format, row, &mut whole);
+            dequantize_row(format, &whole, out)
+        }
+    }
 }
 
 /// `(r0 · x, r1 · x)` for two rows of one format (a neuron's gate and up).
@@ -221,68 +260,12 @@ pub fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     xs.map(|x| dot(format, row, x))
 }
 
-/// Bundles of a tile in [`swiglu_activations_q`] (~40–70 KB for Qwen
-/// 0.5B's 4–5-bit gate and up rows: in L2 while four tokens run over it).
-const TILE_ROWS: usize = 32;
-
-/// Calls `f(j, true)` for each group of four tokens `j..j + 4` of `t`,
-/// then `f(j, false)` for each token left.
-#[inline]
-fn for_token_groups(t: usize, mut f: impl FnMut(usize, bool)) {
-    let mut j = 0;
-    while j + 4 <= t {
-        f(j, true);
-        j += 4;
-    }
-    for j in j..t {
-        f(j, false);
-    }
-}
-
-/// `out[n · T + t] = silu(gate_n · xs[t]) · (up_n · xs[t])` for every
-/// bundle `n` (each bundle's `T` results together), split over rayon's
-/// threads in tiles: the prefill form of the first half of [`swiglu_bundles`], each
-/// row unpacked once per four tokens.
-pub fn swiglu_activations_q(xs: &[Q8Act], layout: &BundleLayout, bundles: &[u8], out: &mut [f32]) {
-    use rayon::prelude::*;
-    let t = xs.len();
-    if t == 0 {
-        return;
-    }
-    let bb = layout.bundle_bytes();
-    debug_assert_eq!(out.len(), bundles.len() / bb * t);
-    // On rayon, as the rest of prefill (dequantized rows, candle's matmul):
-    // a decode-pool job here would leave its helpers spinning for
-    // `SPIN_BEFORE_PARK` beside rayon's threads after every layer.
-    // A tile of bundles stays in L1/L2 while each group of four tokens
-    // (their activations in L1) runs over it.
-    out.par_chunks_mut(TILE_ROWS * t)
-        .zip(bundles.par_chunks(TILE_ROWS * bb))
-        .for_each(|(o, tile)| {
-            for_token_groups(t, |j, four| {
-                for (orow, b) in o.chunks_exact_mut(t).zip(tile.chunks_exact(bb)) {
-                    let (gr, ur, _) = layout.split(b);
-                    if four {
-                        let x = [&xs[j], &xs[j + 1], &xs[j + 2], &xs[j + 3]];
-                        let (g, u) = (dot4(layout.gate, gr, x), dot4(layout.up, ur, x));
-                        for k in 0..4 {
-                            orow[j + k] = swiglu(g[k], u[k]);
-                        }
-                    } else {
-                        let x = &xs[j];
-                        orow[j] = swiglu(dot(layout.gate, gr, x), dot(layout.up, ur, x));
-                    }
-                }
-            });
-        });
-}
-
 /// Smallest block of rows a decode thread takes at once (as the f16 kernels).
 const MIN_ROWS: usize = super::matvec::MIN_ROWS_PER_BLOCK;
 
 /// `out[r] = row r · x` for `out.len()` rows of blocks in `w`, split over
 /// the decode threads.
-pub fn matvec_q(format: QFormat, w: &[u8], x: &Q8Act, out: &mut [f32]) {
+pub fn matvec_q(format: QFormat, form: RowForm, w: &[u8], x: &Q8Act, out: &mut [f32]) {
     let rb = format.row_bytes(x.len());
     debug_assert_eq!(w.len(), out.len() * rb);
     let rows = out.len();
@@ -292,14 +275,21 @@ pub fn matvec_q(format: QFormat, w: &[u8], x: &Q8Act, out: &mut [f32]) {
         // SAFETY: the blocks of one call are disjoint.
         let o = unsafe { out.range(block) };
         for (oi, row) in o.iter_mut().zip(w.chunks_exact(rb)) {
-            *oi = dot(format, row, x);
+            *oi = dot_in(format, form, row, x);
         }
     });
 }
 
 /// `out[j] = row ids[j] · x` for rows of blocks picked by index, split over
 /// the decode threads.
-pub fn matvec_q_ids(format: QFormat, w: &[u8], ids: &[u32], x: &Q8Act, out: &mut [f32]) {
+pub fn matvec_q_ids(
+    format: QFormat,
+    form: RowForm,
+    w: &[u8],
+    ids: &[u32],
+    x: &Q8Act,
+    out: &mut [f32],
+) {
     let rb = format.row_bytes(x.len());
     debug_assert_eq!(ids.len(), out.len());
     let out = DisjointSlice::new(out);
@@ -308,116 +298,15 @@ pub fn matvec_q_ids(format: QFormat, w: &[u8], ids: &[u32], x: &Q8Act, out: &mut
         let o = unsafe { out.range(block.clone()) };
         for (oi, &id) in o.iter_mut().zip(&ids[block]) {
             let r = id as usize * rb;
-            *oi = dot(format, &w[r..r + rb], x);
+            *oi = dot_in(format, form, &w[r..r + rb], x);
         }
     });
-}
-
-/// How a layer's neuron bundles are laid out: each neuron's gate row, up
-/// row and down row (its column of `down_proj`), `hidden` weights each, one
-/// after another; the neurons' bundles one after another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BundleLayout {
-    pub hidden: usize,
-    pub gate: QFormat,
-    pub up: QFormat,
-    pub down: QFormat,
-}
-
-impl BundleLayout {
-    pub fn check(&self) -> Result<()> {
-        if self.hidden == 0 || !self.hidden.is_multiple_of(QK) {
-            bail!(
-                "neuron bundles need a hidden size that is a multiple of {QK}, not {}",
-                self.hidden
-            );
-        }
-        // A hidden size read from a file: its bundle size must not overflow.
-        let blocks = [self.gate, self.up, self.down].map(QFormat::block_bytes);
-        if (self.hidden / QK)
-            .checked_mul(blocks.iter().sum())
-            .is_none()
-        {
-            bail!(
-                "neuron bundles of hidden size {} are too large",
-                self.hidden
-            );
-        }
-        Ok(())
-    }
-    pub fn gate_bytes(&self) -> usize {
-        self.gate.row_bytes(self.hidden)
-    }
-    pub fn up_bytes(&self) -> usize {
-        self.up.row_bytes(self.hidden)
-    }
-    pub fn down_bytes(&self) -> usize {
-        self.down.row_bytes(self.hidden)
-    }
-    /// Bytes of one neuron's bundle.
-    pub fn bundle_bytes(&self) -> usize {
-        self.gate_bytes() + self.up_bytes() + self.down_bytes()
-    }
-    /// A bundle's (gate, up, down) rows.
-    #[inline]
-    pub fn split<'a>(&self, b: &'a [u8]) -> (&'a [u8], &'a [u8], &'a [u8]) {
-        let (g, rest) = b.split_at(self.gate_bytes());
-        let (u, d) = rest.split_at(self.up_bytes());
-        (g, u, d)
-    }
-}
-
-/// `silu(g) · u`.
-#[inline]
-pub fn swiglu(g: f32, u: f32) -> f32 {
-    g / (1.0 + (-g).exp()) * u
-}
-
-/// The whole SwiGLU MLP of one row over neuron bundles, in one parallel
-/// pass (as [`super::swiglu_mlp`] over f16 rows): each thread takes blocks
-/// of neurons and streams their bundles in memory order, dotting gate and
-/// up rows with the quantized `x` and adding `act · down row` into its
-/// block's partial output; the partials are added in block order.
-pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, bundles: &[u8], y: &mut [f32]) {
-    let h = layout.hidden;
-    debug_assert_eq!(x.len(), h);
-    let bb = layout.bundle_bytes();
-    let n = bundles.len() / bb;
-    let xq = Q8Act::quantize(x);
-    let pool = SpinPool::global();
-    let blocks = pool.partition(n, MIN_ROWS);
-    let mut partials = vec![0f32; blocks.len() * h];
-    let parts = DisjointSlice::new(&mut partials);
-    pool.run_blocks(&blocks, |index, block| {
-        // SAFETY: one partial per block; the blocks of one call are distinct.
-        let part = unsafe { parts.range(index * h..(index + 1) * h) };
-        let mine = &bundles[block.start * bb..block.end * bb];
-        // One pass in memory order: a neuron's gate and up rows, then its
-        // down row (Qwen 0.5B shape, out of cache: 18–20 GB/s, against
-        // 12–17 for four neurons' gate and up rows, then their four down
-        // rows with `y` in registers, whose reads jump back and forth).
-        let act = |b: &[u8]| {
-            let (g, u, _) = layout.split(b);
-            let (g, u) = if layout.gate == layout.up {
-                dot2(layout.gate, g, u, &xq)
-            } else {
-                (dot(layout.gate, g, &xq), dot(layout.up, u, &xq))
-            };
-            swiglu(g, u)
-        };
-        for b in mine.chunks_exact(bb) {
-            axpy(layout.down, act(b), layout.split(b).2, part);
-        }
-    });
-    y.fill(0.0);
-    for p in partials.chunks(h) {
-        y.iter_mut().zip(p).for_each(|(yi, pi)| *yi += pi);
-    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::kernels::quant_mlp::{swiglu, swiglu_activations_q, swiglu_bundles, BundleLayout};
     use crate::kernels::test_data::data;
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
@@ -584,61 +473,69 @@ pub(crate) mod tests {
                 let (gq, uq) = (quantize_rows(&g, h, f), quantize_rows(&u, h, f));
                 let dq = quantize_rows(&d, h, QFormat::Q8_0);
                 let mut out = vec![0f32; n];
-                matvec_q(f, &gq, &xq, &mut out);
+                matvec_q(f, RowForm::Blocks, &gq, &xq, &mut out);
                 let gd = plain_dequantize(f, &gq);
                 for (r, o) in out.iter().enumerate() {
                     let want = plain_dot(&gd[r * h..(r + 1) * h]);
                     assert!((o - want).abs() < 1e-3 * (1.0 + want.abs()), "{f} matvec");
                 }
-                let layout = BundleLayout {
-                    hidden: h,
-                    gate: f,
-                    up: f,
-                    down: QFormat::Q8_0,
-                };
-                let (gr, ur, dr) = (f.row_bytes(h), f.row_bytes(h), QFormat::Q8_0.row_bytes(h));
-                let mut bundles = Vec::new();
-                for i in 0..n {
-                    bundles.extend_from_slice(&gq[i * gr..(i + 1) * gr]);
-                    bundles.extend_from_slice(&uq[i * ur..(i + 1) * ur]);
-                    bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
-                }
-                // The prefill form over 1, 4 and 7 tokens (groups of four
-                // and the tokens left), against decode's dots.
-                for t in [1, 4, 7] {
-                    let xs: Vec<Q8Act> = (0..t)
-                        .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
-                        .collect();
-                    let mut acts = vec![0f32; n * t];
-                    swiglu_activations_q(&xs, &layout, &bundles, &mut acts);
-                    for (i, b) in bundles.chunks_exact(layout.bundle_bytes()).enumerate() {
-                        let (gr, ur, _) = layout.split(b);
-                        for (j, x) in xs.iter().enumerate() {
-                            let want = swiglu(dot(f, gr, x), dot(f, ur, x));
-                            let got = acts[i * t + j];
-                            assert_eq!(got, want, "{f} prefill activation {i}, token {j}/{t}");
+                for rows in [RowForm::Blocks, RowForm::Planar] {
+                    let layout = BundleLayout {
+                        hidden: h,
+                        gate: f,
+                        up: f,
+                        down: QFormat::Q8_0,
+                        rows,
+                    };
+                    let (gr, ur, dr) = (f.row_bytes(h), f.row_bytes(h), QFormat::Q8_0.row_bytes(h));
+                    let mut bundles = Vec::new();
+                    for i in 0..n {
+                        let mut gate_up =
+                            [&gq[i * gr..(i + 1) * gr], &uq[i * ur..(i + 1) * ur]].concat();
+                        if rows == RowForm::Planar {
+                            planar::make_planar(f, h, &mut gate_up);
+                        }
+                        bundles.extend_from_slice(&gate_up);
+                        bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
+                    }
+                    // The prefill form over 1, 4 and 7 tokens (groups of four
+                    // and the tokens left), against decode's dots.
+                    for t in [1, 4, 7] {
+                        let xs: Vec<Q8Act> = (0..t)
+                            .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
+                            .collect();
+                        let mut acts = vec![0f32; n * t];
+                        swiglu_activations_q(&xs, &layout, &bundles, &mut acts);
+                        for (i, b) in bundles.chunks_exact(layout.bundle_bytes()).enumerate() {
+                            let (gr, ur, _) = layout.split(b);
+                            for (j, x) in xs.iter().enumerate() {
+                                let (g, u) = layout.gate_up(gr, ur, x);
+                                let want = swiglu(g, u);
+                                let got = acts[i * t + j];
+                                assert_eq!(got, want, "{f} prefill activation {i}, token {j}/{t}");
+                            }
                         }
                     }
-                }
-                let mut y = vec![0f32; h];
-                swiglu_bundles(&x, &layout, &bundles, &mut y);
-                let (ud, dd) = (
-                    plain_dequantize(f, &uq),
-                    plain_dequantize(QFormat::Q8_0, &dq),
-                );
-                let act: Vec<f32> = (0..n)
-                    .map(|i| {
-                        silu(plain_dot(&gd[i * h..(i + 1) * h]))
-                            * plain_dot(&ud[i * h..(i + 1) * h])
-                    })
-                    .collect();
-                for c in 0..h {
-                    let want: f32 = (0..n).map(|i| act[i] * dd[i * h + c]).sum();
-                    assert!(
-                        (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()),
-                        "{f} {n}x{h} col {c}: {} vs {want}",
-                        y[c]
+                    let mut y = vec![0f32; h];
+                    swiglu_bundles(&x, &layout, &bundles, &mut y);
+                    let (ud, dd) = (
+                        plain_dequantize(f, &uq),
+                        plain_dequantize(QFormat::Q8_0, &dq),
                     );
+                    let act: Vec<f32> = (0..n)
+                        .map(|i| {
+                            silu(plain_dot(&gd[i * h..(i + 1) * h]))
+                                * plain_dot(&ud[i * h..(i + 1) * h])
+                        })
+                        .collect();
+                    for c in 0..h {
+                        let want: f32 = (0..n).map(|i| act[i] * dd[i * h + c]).sum();
+                        assert!(
+                            (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()),
+                            "{f} {rows:?} {n}x{h} col {c}: {} vs {want}",
+                            y[c]
+                        );
+                    }
                 }
             }
         }

@@ -1,16 +1,18 @@
 //! An FFN layer's neurons as quantized *bundles* (the `q8`/`q4` dtypes):
 //! neuron `n`'s gate row, up row and down row (its column of `down_proj`)
-//! stored together ([`crate::kernels::quant::BundleLayout`]), as in the
+//! stored together ([`crate::kernels::quant_mlp::BundleLayout`]), as in the
 //! quantized checkpoint file, so a run of chosen neurons is one read and
 //! one stream. Decode runs the fused kernel
-//! ([`crate::kernels::quant::swiglu_bundles`]) over the bundles in any
+//! ([`crate::kernels::quant_mlp::swiglu_bundles`]) over the bundles in any
 //! order; prefill dequantizes a chunk of neurons at a time (~1 MiB of
 //! f32, a reused buffer) and multiplies into its output
 //! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
 //! on 8-bit activations.
 
 use crate::kernels::gemm::{self, Out, Rhs, View};
-use crate::kernels::quant::{self, BundleLayout};
+use crate::kernels::planar::{self, RowForm};
+use crate::kernels::quant;
+use crate::kernels::quant_mlp::{self, BundleLayout};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
@@ -25,8 +27,10 @@ pub struct Bundles {
 }
 
 impl Bundles {
-    /// Bundles over `data`, a whole number of them.
-    pub fn new(layout: BundleLayout, data: Vec<u8>) -> Result<Self> {
+    /// Bundles over `data`, a whole number of them. Gate and up rows of
+    /// whole blocks are made planar in place where the kernels for them
+    /// run ([`planar::preferred`]).
+    pub fn new(mut layout: BundleLayout, mut data: Vec<u8>) -> Result<Self> {
         layout.check()?;
         let bb = layout.bundle_bytes();
         if !data.len().is_multiple_of(bb) {
@@ -34,6 +38,16 @@ impl Bundles {
                 "{} bytes are not a whole number of neuron bundles of {bb} bytes",
                 data.len()
             );
+        }
+        if layout.rows == RowForm::Blocks && planar::preferred() {
+            let (h, gb) = (layout.hidden, layout.gate_bytes());
+            let rows = gb + layout.up_bytes();
+            for b in data.chunks_exact_mut(bb) {
+                let (g, u) = b[..rows].split_at_mut(gb);
+                planar::make_planar(layout.gate, h, g);
+                planar::make_planar(layout.up, h, u);
+            }
+            layout.rows = RowForm::Planar;
         }
         crate::sys::hugepages::collapse(data.as_ptr(), data.len());
         Ok(Self {
@@ -157,7 +171,7 @@ impl Bundles {
             );
         }
         let mut y = vec![0f32; x.len()];
-        quant::swiglu_bundles(x, &self.layout, self.data(), &mut y);
+        quant_mlp::swiglu_bundles(x, &self.layout, self.data(), &mut y);
         Ok(y)
     }
 
@@ -178,7 +192,8 @@ impl Bundles {
             .with_min_len(8)
             .for_each(|(o, b)| {
                 let rows = l.split(b);
-                quant::dequantize_row(format, [rows.0, rows.1, rows.2][part], o)
+                let form = if part < 2 { l.rows } else { RowForm::Blocks };
+                quant::dequantize_row_in(format, form, [rows.0, rows.1, rows.2][part], o)
             });
     }
 
@@ -219,7 +234,7 @@ impl Bundles {
             // 8-bit activations, as decode's (see `quant::int8_prefill`).
             let xs: Vec<quant::Q8Act> = v.chunks_exact(h).map(quant::Q8Act::quantize).collect();
             let mut out = vec![0f32; self.count * m];
-            quant::swiglu_activations_q(&xs, &self.layout, self.data(), &mut out);
+            quant_mlp::swiglu_activations_q(&xs, &self.layout, self.data(), &mut out);
             let a = Tensor::from_vec(out, (self.count, m), &Device::Cpu)?.t()?;
             return Ok(a.contiguous()?.reshape(dims)?);
         }
@@ -253,7 +268,7 @@ impl Bundles {
                     o[n0..n0 + len]
                         .iter_mut()
                         .zip(u)
-                        .for_each(|(g, &u)| *g = quant::swiglu(*g, u));
+                        .for_each(|(g, &u)| *g = quant_mlp::swiglu(*g, u));
                 }
             }
         });
@@ -309,6 +324,7 @@ mod tests {
             gate: QFormat::Q8_0,
             up: QFormat::Q8_0,
             down: QFormat::Q8_0,
+            rows: RowForm::Blocks,
         };
         let bb = layout.bundle_bytes();
         let data = (0..n).flat_map(|i| vec![i as u8; bb]).collect();

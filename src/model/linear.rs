@@ -9,6 +9,7 @@
 //! multiplied by [`crate::kernels::gemm`]).
 
 use crate::kernels::gemm::{self, Out, Rhs, View};
+use crate::kernels::planar::{self, RowForm};
 use crate::kernels::quant::{self, Q8Act, QFormat};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -22,6 +23,8 @@ pub struct QMatrix {
     cols: usize,
     /// `(format, rows)` of each part, in row order.
     parts: Vec<(QFormat, usize)>,
+    /// How every row's blocks are stored ([`planar`]).
+    form: RowForm,
     data: Arc<Vec<u8>>,
 }
 
@@ -31,8 +34,9 @@ fn chunk_rows(cols: usize) -> usize {
 }
 
 impl QMatrix {
-    /// A matrix over `data`, which holds exactly the parts' rows.
-    pub fn new(cols: usize, parts: Vec<(QFormat, usize)>, data: Vec<u8>) -> Result<Self> {
+    /// A matrix over `data`, which holds exactly the parts' rows (whole
+    /// blocks), made planar in place where the kernels for planar rows run.
+    pub fn new(cols: usize, parts: Vec<(QFormat, usize)>, mut data: Vec<u8>) -> Result<Self> {
         if cols == 0 || !cols.is_multiple_of(quant::QK) {
             bail!(
                 "quantized rows need a length that is a multiple of {}, not {cols}",
@@ -46,10 +50,22 @@ impl QMatrix {
                 data.len()
             );
         }
+        let form = if planar::preferred() {
+            let mut at = 0;
+            for &(f, n) in &parts {
+                let bytes = f.row_bytes(cols) * n;
+                planar::make_planar(f, cols, &mut data[at..at + bytes]);
+                at += bytes;
+            }
+            RowForm::Planar
+        } else {
+            RowForm::Blocks
+        };
         crate::sys::hugepages::collapse(data.as_ptr(), data.len());
         Ok(Self {
             cols,
             parts,
+            form,
             data: Arc::new(data),
         })
     }
@@ -81,7 +97,7 @@ impl QMatrix {
     /// `out = W · x` for activations already quantized.
     pub fn matvec(&self, x: &Q8Act, out: &mut [f32]) {
         for (f, rows, data) in self.spans() {
-            quant::matvec_q(f, data, x, &mut out[rows]);
+            quant::matvec_q(f, self.form, data, x, &mut out[rows]);
         }
     }
 
@@ -92,14 +108,14 @@ impl QMatrix {
             let (lo, hi) = (rows.start, rows.end.min(out.len()));
             if lo < hi {
                 let rb = f.row_bytes(self.cols);
-                quant::matvec_q(f, &data[..(hi - lo) * rb], x, &mut out[lo..hi]);
+                quant::matvec_q(f, self.form, &data[..(hi - lo) * rb], x, &mut out[lo..hi]);
             }
             // Extras are ascending: those of this part are one run.
             let a = extra.partition_point(|&e| (e as usize) < rows.start);
             let b = extra.partition_point(|&e| (e as usize) < rows.end);
             if a < b {
                 let local: Vec<u32> = extra[a..b].iter().map(|&e| e - rows.start as u32).collect();
-                quant::matvec_q_ids(f, data, &local, x, &mut extra_out[a..b]);
+                quant::matvec_q_ids(f, self.form, data, &local, x, &mut extra_out[a..b]);
             }
         }
     }
@@ -120,9 +136,10 @@ impl QMatrix {
                 jobs.push((f, &data[at..at + rb], row_out));
             }
         }
+        let form = self.form;
         jobs.into_par_iter()
             .with_min_len(8)
-            .for_each(|(f, row, out)| quant::dequantize_row(f, row, out));
+            .for_each(|(f, row, out)| quant::dequantize_row_in(f, form, row, out));
     }
 
     /// Rows `ids` dequantized (an embedding lookup), `[ids.len(), cols]`.
@@ -138,7 +155,7 @@ impl QMatrix {
             let rb = f.row_bytes(self.cols);
             let at = (r - span.start) * rb;
             // One row at a time, on this thread (a decode step's embedding).
-            quant::dequantize_row(f, &data[at..at + rb], o);
+            quant::dequantize_row_in(f, self.form, &data[at..at + rb], o);
         }
         Ok(out)
     }

@@ -2,7 +2,7 @@
 //! `q4`/`q8` dtypes load: every tensor as rows of ggml blocks (norms and
 //! biases as f32), and each layer's FFN as *neuron bundles* — neuron `n`'s
 //! gate row, up row and down row (its column of `down_proj`) one after
-//! another ([`crate::kernels::quant::BundleLayout`]) — so selective
+//! another ([`crate::kernels::quant_mlp::BundleLayout`]) — so selective
 //! loading reads each run of consecutive chosen neurons with one `pread`,
 //! straight into the buffer decode runs on (no staging copy, no mapping).
 //!
@@ -13,7 +13,9 @@
 //! from); [`QFile::open`] refuses a truncated or inconsistent file and
 //! [`QFile::check`] one made from other weights or for another shape.
 
-use crate::kernels::quant::{BundleLayout, QFormat};
+use crate::kernels::planar::RowForm;
+use crate::kernels::quant::QFormat;
+use crate::kernels::quant_mlp::BundleLayout;
 use crate::model::bundles::Bundles;
 use crate::model::linear::QMatrix;
 use crate::model::Config;
@@ -75,6 +77,7 @@ impl FfnEntry {
             gate: f(&self.gate)?,
             up: f(&self.up)?,
             down: f(&self.down)?,
+            rows: RowForm::Blocks,
         };
         l.check()?;
         Ok(l)

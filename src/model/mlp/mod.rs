@@ -584,14 +584,17 @@ mod tests {
 
     #[test]
     fn arranged_bundles_move_whole_neurons_in_place_and_compute_the_same() {
+        use crate::kernels::planar::RowForm;
         use crate::kernels::quant::tests::quantize_rows;
-        use crate::kernels::quant::{BundleLayout, QFormat};
+        use crate::kernels::quant::QFormat;
+        use crate::kernels::quant_mlp::BundleLayout;
         let (n, h) = (24, 64);
         let layout = BundleLayout {
             hidden: h,
             gate: QFormat::Q4_1,
             up: QFormat::Q4_1,
             down: QFormat::Q8_0,
+            rows: RowForm::Blocks,
         };
         let rows =
             |seed: u32, f| quantize_rows(&crate::kernels::test_data::data(n * h, seed), h, f);
