@@ -30,9 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA_BENCH = os.path.join(ROOT, "scripts", "reference", "bench_llamacpp.py")
 MODELS = ["models/smollm2-135m-instruct", "models/qwen2.5-coder-0.5b-instruct"]
 # (dtype, mode, vocab) of our engine; γ0.7 φ0.4 for selectinfer (the
-# defaults). `--rows q4:selectinfer:latin ...` picks others.
-ROWS = [("f16", "dense", "all"), ("q8", "dense", "all"), ("q4", "dense", "all"),
-        ("q4", "selectinfer", "all")]
+# defaults). `--rows q4:selectinfer:latin ...` picks others; a fourth
+# field `blocks` keeps the rows as whole blocks (SELECTINFER_ROWS=blocks:
+# no planar rows), to compare the two forms in one run.
+ROWS = [("f16", "dense", "all", ""), ("q8", "dense", "all", ""), ("q4", "dense", "all", ""),
+        ("q4", "selectinfer", "all", "")]
 SEL = ["--task", "qa", "--load-ratio", "0.7", "--static-ratio", "0.2",
        "--compute-ratio", "0.4", "--token-ratio", "0.2"]
 
@@ -43,9 +45,11 @@ def run_json(cmd, env=None):
     return json.loads(out.stdout)
 
 
-def ours(args, model, dtype, mode, vocab):
+def ours(args, model, dtype, mode, vocab, form):
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
                SELECTINFER_THREADS=str(args.threads))
+    if form:
+        env["SELECTINFER_ROWS"] = form
     cmd = [args.bin, "bench", "--model", model, "--dtype", dtype, "--mode", mode,
            "--vocab", vocab, "--new-tokens", str(args.new_tokens), "--json"] + SEL
     return run_json(cmd, env)
@@ -75,34 +79,36 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "quant.json"))
-    ap.add_argument("--rows", nargs="+", metavar="DTYPE:MODE[:VOCAB]",
+    ap.add_argument("--rows", nargs="+", metavar="DTYPE:MODE[:VOCAB[:blocks]]",
                     help="our rows (default: " + " ".join(":".join(r) for r in ROWS) + ")")
     args = ap.parse_args()
     rows = ROWS
     if args.rows:
-        rows = [tuple((r.split(":") + ["all"])[:3]) for r in args.rows]
+        rows = [tuple((r.split(":") + ["all", ""][len(r.split(":")) - 2:])[:4])
+                for r in args.rows]
     runs = {}
     for _ in range(args.rounds):
         for model in args.models:
             ids = None
-            for dtype, mode, vocab in rows:
-                rep = ours(args, model, dtype, mode, vocab)
+            for dtype, mode, vocab, form in rows:
+                rep = ours(args, model, dtype, mode, vocab, form)
                 ids = ids or rep["prompt_token_ids"]
                 if rep["prompt_token_ids"] != ids:
                     sys.exit(f"{model}: rows were given different prompt token ids")
-                runs.setdefault((model, dtype, mode, vocab), []).append(rep)
-            runs.setdefault((model, "gguf", "llama.cpp", ""), []).append(
+                runs.setdefault((model, dtype, mode, vocab, form), []).append(rep)
+            runs.setdefault((model, "gguf", "llama.cpp", "", ""), []).append(
                 llamacpp(args, model, ids))
     print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | TTFT s | × llama.cpp "
           "| peak RSS MiB | RSS after load MiB | weights MB/token |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for model in args.models:
-        ref = median_by_decode(runs[(model, "gguf", "llama.cpp", "")])
-        for dtype, mode, vocab in rows + [("gguf", "llama.cpp", "")]:
-            r = median_by_decode(runs[(model, dtype, mode, vocab)])
+        ref = median_by_decode(runs[(model, "gguf", "llama.cpp", "", "")])
+        for dtype, mode, vocab, form in rows + [("gguf", "llama.cpp", "", "")]:
+            r = median_by_decode(runs[(model, dtype, mode, vocab, form)])
             ours_row = mode != "llama.cpp"
             label = f"{dtype}, {mode}" + (f", vocab {vocab}" if vocab not in ("all", "") else "")
+            label += ", whole-block rows" if form == "blocks" else ""
             cells = [os.path.basename(model), "selectinfer" if ours_row else "llama.cpp",
                      label if ours_row else "its GGUF",
                      f"{r['decode_tokens_per_s']:.1f}",
@@ -117,7 +123,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "table": table,
                    "runs": [{"model": k[0], "dtype": k[1], "mode": k[2], "vocab": k[3],
-                             "reports": v}
+                             "rows": k[4] or "default", "reports": v}
                             for k, v in runs.items()]}, f, indent=1)
 
 

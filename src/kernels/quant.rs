@@ -184,9 +184,12 @@ pub fn dequantize_row_in(format: QFormat, form: RowForm, row: &[u8], out: &mut [
     match form {
         RowForm::Blocks => dequantize_row(format, row, out),
         RowForm::Planar => {
-            let mut whole = vec![0u8; row.len()];
-            planar::to_blocks(format, row, &mut whole);
-            dequantize_row(format, &whole, out)
+            // Block by block, each gathered back whole (no allocation).
+            let mut b = [0u8; 34];
+            for (i, o) in out.chunks_exact_mut(QK).enumerate() {
+                planar::block_of(format, row, i, &mut b);
+                dequantize_row(format, &b[..format.block_bytes()], o);
+            }
         }
     }
 }
