@@ -72,19 +72,26 @@ unsafe fn group_weights<const F: u8>(r: *const u8, k: usize, g: usize, t: usize)
     let mut lo = _mm512_and_si512(q, nib);
     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
     if format == QFormat::Q5_0 {
-        // Each block's u32 of fifth bits: the low halves (weights 0–15) of
-        // the four, then the high ones, as `lo` and `hi` hold the weights.
+        // The fifth bits of weights 0–15 of the four blocks, then of
+        // weights 16–31, as `lo` and `hi` hold the weights: in a whole
+        // group stored so ([`super::planar`]), two 64-bit masks; in a last
+        // group each block's u32, shuffled into that order.
         let p = r.add(2 * k + 4 * i);
-        let qh = if whole {
-            _mm_loadu_si128(p as *const __m128i)
+        let (lo_bits, hi_bits) = if whole {
+            let bits = p as *const u64;
+            (bits.read_unaligned(), bits.add(1).read_unaligned())
         } else {
-            _mm_maskz_loadu_epi32(low_bits(t) as u8, p as *const i32)
+            let qh = _mm_maskz_loadu_epi32(low_bits(t) as u8, p as *const i32);
+            let order = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+            let halves = _mm_shuffle_epi8(qh, order);
+            (
+                _mm_cvtsi128_si64(halves) as u64,
+                _mm_extract_epi64::<1>(halves) as u64,
+            )
         };
-        let order = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-        let halves = _mm_shuffle_epi8(qh, order);
         let bit = _mm512_set1_epi8(0x10);
-        lo = _mm512_mask_add_epi8(lo, _mm_cvtsi128_si64(halves) as u64, lo, bit);
-        hi = _mm512_mask_add_epi8(hi, _mm_extract_epi64::<1>(halves) as u64, hi, bit);
+        lo = _mm512_mask_add_epi8(lo, lo_bits, lo, bit);
+        hi = _mm512_mask_add_epi8(hi, hi_bits, hi, bit);
     }
     let m = if format == QFormat::Q4_1 {
         halves(r.add(2 * k + 2 * i))
