@@ -11,7 +11,9 @@ For each round and each model, one process after another: our engine
 model.gguf, the same prompt token ids (prompt_token_ids of our first
 report) and the same thread count (RAYON_NUM_THREADS and the decode pool
 of our engine = --threads). Every row reports its median round by decode
-tok/s; ratios are of medians. Peak RSS of llama.cpp is its Python
+tok/s; ratios are of medians, and a second decode ratio pairs each round
+with llama.cpp's in the same round (median and range over the rounds: how
+far one run's figure can move). Peak RSS of llama.cpp is its Python
 process's (llama.cpp runs in it). Decode tok/s excludes each prompt's first
 token everywhere (it is part of TTFT). Prints a markdown table and writes
 docs/bench/quant.json.
@@ -98,21 +100,28 @@ def main():
                 runs.setdefault((model, dtype, mode, vocab, form), []).append(rep)
             runs.setdefault((model, "gguf", "llama.cpp", "", ""), []).append(
                 llamacpp(args, model, ids))
-    print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | TTFT s | × llama.cpp "
-          "| peak RSS MiB | RSS after load MiB | weights MB/token |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | per round × (median, range) "
+          "| TTFT s | × llama.cpp | peak RSS MiB | RSS after load MiB | weights MB/token |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for model in args.models:
         ref = median_by_decode(runs[(model, "gguf", "llama.cpp", "", "")])
         for dtype, mode, vocab, form in rows + [("gguf", "llama.cpp", "", "")]:
-            r = median_by_decode(runs[(model, dtype, mode, vocab, form)])
+            reps = runs[(model, dtype, mode, vocab, form)]
+            r = median_by_decode(reps)
             ours_row = mode != "llama.cpp"
+            # Each round against llama.cpp in the same round (the pairs the
+            # alternation makes): the spread a single median hides.
+            paired = sorted(a["decode_tokens_per_s"] / b["decode_tokens_per_s"]
+                            for a, b in zip(reps, runs[(model, "gguf", "llama.cpp", "", "")]))
+            spread = (f"{paired[len(paired) // 2]:.2f} ({paired[0]:.2f}–{paired[-1]:.2f})"
+                      if ours_row else "–")
             label = f"{dtype}, {mode}" + (f", vocab {vocab}" if vocab not in ("all", "") else "")
             label += ", whole-block rows" if form == "blocks" else ""
             cells = [os.path.basename(model), "selectinfer" if ours_row else "llama.cpp",
                      label if ours_row else "its GGUF",
                      f"{r['decode_tokens_per_s']:.1f}",
-                     f"{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}",
+                     f"{r['decode_tokens_per_s'] / ref['decode_tokens_per_s']:.2f}", spread,
                      f"{r['ttft_s']:.3f}", f"{r['ttft_s'] / ref['ttft_s']:.2f}",
                      f"{r['peak_rss_bytes'] / 2**20:.0f}",
                      f"{r['rss_after_load_bytes'] / 2**20:.0f}" if "rss_after_load_bytes" in r else "–",
