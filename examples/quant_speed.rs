@@ -10,7 +10,7 @@ use std::time::Instant;
 /// of cache), one token through every layer, the decode pool.
 fn bundled_mlp() {
     use selectinfer::kernels::planar::{self, RowForm};
-    use selectinfer::kernels::quant_mlp::BundleLayout;
+    use selectinfer::kernels::quant_mlp::{BundleLayout, DownForm};
     // BLOCKS=1: gate and up rows as whole blocks even where planar rows
     // are preferred (to compare the two).
     let rows = if planar::preferred() && std::env::var("BLOCKS").is_err() {
@@ -19,10 +19,15 @@ fn bundled_mlp() {
         RowForm::Blocks
     };
     // CACHED=1: 256 neurons, one layer (in L2): the kernels' compute bound.
+    // LAYERS=1: one layer (11 MB, in L3).
     let (h, n, layers) = if std::env::var("CACHED").is_ok() {
         (896usize, 256usize, 1usize)
     } else {
-        (896, 4864, 24)
+        (
+            896,
+            4864,
+            std::env::var("LAYERS").map_or(24, |v| v.parse().unwrap()),
+        )
     };
     let layout = BundleLayout {
         hidden: h,
@@ -30,6 +35,17 @@ fn bundled_mlp() {
         up: QFormat::Q5_0,
         down: QFormat::Q8_0,
         rows,
+        down_form: DownForm::Rows,
+    };
+    // Bundles in quads where `Bundles::new` would store them so.
+    let quads = rows == RowForm::Planar && selectinfer::kernels::quads::preferred();
+    let layout = BundleLayout {
+        down_form: if quads {
+            DownForm::Quads
+        } else {
+            DownForm::Rows
+        },
+        ..layout
     };
     let bytes = layout.bundle_bytes() * n;
     let mats: Vec<Vec<u8>> = (0..layers)
@@ -52,6 +68,9 @@ fn bundled_mlp() {
                     planar::make_planar(layout.gate, h, &mut b[..2 * g]);
                 }
             }
+            if quads {
+                selectinfer::kernels::quant_mlp::reform(&layout, &mut w, DownForm::Quads);
+            }
             w
         })
         .collect();
@@ -61,15 +80,16 @@ fn bundled_mlp() {
     for _ in 0..if layers == 1 { 3000 } else { 30 } {
         let t = Instant::now();
         for m in &mats {
-            selectinfer::kernels::quant_mlp::swiglu_bundles(&x, &layout, m, &mut y);
+            selectinfer::kernels::quant_mlp::swiglu_bundles(&x, &layout, m, n, &mut y);
         }
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
     let total = (bytes * layers) as f64;
     println!(
-        "bundled MLP (Qwen 0.5B shape, {:.0} MB, {rows:?} gate/up rows): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s ({})",
+        "bundled MLP (Qwen 0.5B shape, {:.0} MB, {rows:?} gate/up rows, {:?}): median {:.2} ms = {:.1} GB/s, best {:.1} GB/s ({})",
         total / 1e6,
+        layout.down_form,
         times[times.len() / 2] * 1e3,
         total / times[times.len() / 2] / 1e9,
         total / times[0] / 1e9,

@@ -412,7 +412,7 @@ fn qfile_and_bundles_reader() {
 fn bundles_from_bytes() {
     use selectinfer::kernels::planar::RowForm;
     use selectinfer::kernels::quant::QFormat;
-    use selectinfer::kernels::quant_mlp::BundleLayout;
+    use selectinfer::kernels::quant_mlp::{BundleLayout, DownForm};
     use selectinfer::model::bundles::Bundles;
     let format = prop::sample::select(vec![
         QFormat::Q4_0,
@@ -439,6 +439,7 @@ fn bundles_from_bytes() {
             up,
             down,
             rows: RowForm::Blocks,
+            down_form: DownForm::Rows,
         };
         // The bundle size, computed here without overflow.
         let blocks = [gate, up, down]

@@ -30,6 +30,7 @@ mod norm;
 pub mod planar;
 pub mod portable;
 mod portable_quant;
+pub mod quads;
 pub mod quant;
 pub mod quant_mlp;
 mod rope;
@@ -42,6 +43,8 @@ mod x86_quant;
 mod x86_vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni_planar;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni_quads;
 
 pub use attention::decode_attention;
 pub use gather::{gather_rows, merge_rows};

@@ -309,7 +309,9 @@ pub fn matvec_q_ids(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::kernels::quant_mlp::{swiglu, swiglu_activations_q, swiglu_bundles, BundleLayout};
+    use crate::kernels::quant_mlp::{
+        reform, swiglu, swiglu_activations_q, swiglu_bundles, BundleLayout, DownForm,
+    };
     use crate::kernels::test_data::data;
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
@@ -482,13 +484,19 @@ pub(crate) mod tests {
                     let want = plain_dot(&gd[r * h..(r + 1) * h]);
                     assert!((o - want).abs() < 1e-3 * (1.0 + want.abs()), "{f} matvec");
                 }
-                for rows in [RowForm::Blocks, RowForm::Planar] {
+                let forms = [
+                    (RowForm::Blocks, DownForm::Rows),
+                    (RowForm::Planar, DownForm::Rows),
+                    (RowForm::Planar, DownForm::Quads),
+                ];
+                for (rows, down_form) in forms {
                     let layout = BundleLayout {
                         hidden: h,
                         gate: f,
                         up: f,
                         down: QFormat::Q8_0,
                         rows,
+                        down_form,
                     };
                     let (gr, ur, dr) = (f.row_bytes(h), f.row_bytes(h), QFormat::Q8_0.row_bytes(h));
                     let mut bundles = Vec::new();
@@ -501,6 +509,11 @@ pub(crate) mod tests {
                         bundles.extend_from_slice(&gate_up);
                         bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
                     }
+                    // Plain bundles kept for the reference dots below.
+                    let whole = bundles.clone();
+                    if down_form == DownForm::Quads {
+                        reform(&layout, &mut bundles, DownForm::Quads);
+                    }
                     // The prefill form over 1, 4 and 7 tokens (groups of four
                     // and the tokens left), against decode's dots.
                     for t in [1, 4, 7] {
@@ -508,8 +521,8 @@ pub(crate) mod tests {
                             .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
                             .collect();
                         let mut acts = vec![0f32; n * t];
-                        swiglu_activations_q(&xs, &layout, &bundles, &mut acts);
-                        for (i, b) in bundles.chunks_exact(layout.bundle_bytes()).enumerate() {
+                        swiglu_activations_q(&xs, &layout, &bundles, n, &mut acts);
+                        for (i, b) in whole.chunks_exact(layout.bundle_bytes()).enumerate() {
                             let (gr, ur, _) = layout.split(b);
                             for (j, x) in xs.iter().enumerate() {
                                 let (g, u) = layout.gate_up(gr, ur, x);
@@ -519,8 +532,6 @@ pub(crate) mod tests {
                             }
                         }
                     }
-                    let mut y = vec![0f32; h];
-                    swiglu_bundles(&x, &layout, &bundles, &mut y);
                     let (ud, dd) = (
                         plain_dequantize(f, &uq),
                         plain_dequantize(QFormat::Q8_0, &dq),
@@ -531,13 +542,38 @@ pub(crate) mod tests {
                                 * plain_dot(&ud[i * h..(i + 1) * h])
                         })
                         .collect();
-                    for c in 0..h {
-                        let want: f32 = (0..n).map(|i| act[i] * dd[i * h + c]).sum();
-                        assert!(
-                            (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()),
-                            "{f} {rows:?} {n}x{h} col {c}: {} vs {want}",
-                            y[c]
-                        );
+                    // Quads round each block's four coefficients to 8 bits
+                    // against their largest: at most 2/127 of the largest
+                    // |act · weight| of the block per quad (`quads`).
+                    let largest = |q: usize, c: usize, count: usize| {
+                        let b = c / QK * QK;
+                        (4 * q..(4 * q + 4).min(count))
+                            .map(|i| {
+                                let top = dd[i * h + b..i * h + b + QK]
+                                    .iter()
+                                    .fold(0f32, |m, v| m.max(v.abs()));
+                                (act[i] * top).abs()
+                            })
+                            .fold(0f32, f32::max)
+                    };
+                    // All bundles, and a view ending inside a quad.
+                    for count in [n, n - 1] {
+                        let mut y = vec![0f32; h];
+                        swiglu_bundles(&x, &layout, &bundles, count, &mut y);
+                        for c in 0..h {
+                            let want: f32 = (0..count).map(|i| act[i] * dd[i * h + c]).sum();
+                            let rounding: f32 = match down_form {
+                                DownForm::Quads => (0..count.div_ceil(4))
+                                    .map(|q| 2.0 * largest(q, c, count) / 127.0)
+                                    .sum(),
+                                DownForm::Rows => 0.0,
+                            };
+                            assert!(
+                                (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()) + rounding,
+                                "{f} {rows:?} {down_form:?} {count} of {n}x{h}, col {c}: {} vs {want}",
+                                y[c]
+                            );
+                        }
                     }
                 }
             }

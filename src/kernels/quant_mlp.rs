@@ -2,9 +2,11 @@
 //! row and down row stored together, [`BundleLayout`]): decode's one
 //! parallel pass over every bundle ([`swiglu_bundles`]) and prefill's
 //! activations for many tokens ([`swiglu_activations_q`]), on the row
-//! kernels of [`super::quant`] and [`super::planar`].
+//! kernels of [`super::quant`] and [`super::planar`], and the quads'
+//! ([`super::quads`]) where the down rows are stored so.
 
 use super::planar::{self, RowForm};
+use super::quads::{self, QUAD};
 use super::quant::{axpy, dot, dot2, dot4, Q8Act, QFormat, QK};
 use super::spin_pool::{DisjointSlice, SpinPool};
 use anyhow::{bail, Result};
@@ -16,8 +18,9 @@ const MIN_ROWS: usize = super::matvec::MIN_ROWS_PER_BLOCK;
 /// row and down row (its column of `down_proj`), `hidden` weights each, one
 /// after another; the neurons' bundles one after another.
 /// The gate and up rows are whole blocks as in the file ([`RowForm::Blocks`])
-/// or, in memory where the kernels for it run, [`RowForm::Planar`]; the
-/// down rows are always whole blocks.
+/// or, in memory where the kernels for it run, [`RowForm::Planar`]; in
+/// memory, bundles with `Q8_0` down rows may be stored four at a time in
+/// quads ([`DownForm::Quads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BundleLayout {
     pub hidden: usize,
@@ -25,6 +28,19 @@ pub struct BundleLayout {
     pub up: QFormat,
     pub down: QFormat,
     pub rows: RowForm,
+    pub down_form: DownForm,
+}
+
+/// How a buffer of bundles stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DownForm {
+    /// Bundle after bundle, each whole (as in the file).
+    #[default]
+    Rows,
+    /// Every whole quad of four bundles `4q..4q + 4` of the buffer as
+    /// [`quads`] stores them (gate/up pairs, then the down rows' tile);
+    /// bundles after the last whole quad stay whole.
+    Quads,
 }
 
 impl BundleLayout {
@@ -34,6 +50,9 @@ impl BundleLayout {
                 "neuron bundles need a hidden size that is a multiple of {QK}, not {}",
                 self.hidden
             );
+        }
+        if self.down_form == DownForm::Quads && self.down != QFormat::Q8_0 {
+            bail!("bundles in quads have Q8_0 down rows, not {}", self.down);
         }
         // A hidden size read from a file: its bundle size must not overflow.
         let blocks = [self.gate, self.up, self.down].map(QFormat::block_bytes);
@@ -60,6 +79,30 @@ impl BundleLayout {
     /// Bytes of one neuron's bundle.
     pub fn bundle_bytes(&self) -> usize {
         self.gate_bytes() + self.up_bytes() + self.down_bytes()
+    }
+    /// Bytes of a bundle's gate and up rows.
+    pub fn gate_up_bytes(&self) -> usize {
+        self.gate_bytes() + self.up_bytes()
+    }
+    /// How many of the bundles of `buf` (a whole buffer of this layout)
+    /// are stored in quads: every whole quad's, or none.
+    pub fn in_quads(&self, buf: &[u8]) -> usize {
+        match self.down_form {
+            DownForm::Quads => buf.len() / self.bundle_bytes() / QUAD * QUAD,
+            DownForm::Rows => 0,
+        }
+    }
+    /// Bundle `i`'s gate and up rows in `buf`, whose first `in_quads`
+    /// bundles are in quads ([`BundleLayout::in_quads`]).
+    #[inline]
+    pub fn gate_up_of<'a>(&self, buf: &'a [u8], i: usize, in_quads: usize) -> (&'a [u8], &'a [u8]) {
+        let (bb, gu) = (self.bundle_bytes(), self.gate_up_bytes());
+        let at = if i < in_quads {
+            i / QUAD * QUAD * bb + i % QUAD * gu
+        } else {
+            i * bb
+        };
+        buf[at..at + gu].split_at(self.gate_bytes())
     }
     /// `(gate · x, up · x)` for a bundle's gate and up rows.
     #[inline]
@@ -89,36 +132,78 @@ pub fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
-/// The whole SwiGLU MLP of one row over neuron bundles, in one parallel
-/// pass (as [`super::swiglu_mlp`] over f16 rows): each thread takes blocks
-/// of neurons and streams their bundles in memory order, dotting gate and
-/// up rows with the quantized `x` and adding `act · down row` into its
-/// block's partial output; the partials are added in block order.
-pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, bundles: &[u8], y: &mut [f32]) {
+/// Every whole quad of bundles in `buf` (a whole buffer of `layout`, its
+/// down rows `Q8_0`) moved into `form` from the other form, in place;
+/// bundles after the last whole quad stay whole. Bytes move, nothing is
+/// requantized.
+pub fn reform(layout: &BundleLayout, buf: &mut [u8], form: DownForm) {
+    debug_assert_eq!(layout.down, QFormat::Q8_0);
+    let (qb, gu) = (QUAD * layout.bundle_bytes(), layout.gate_up_bytes());
+    let mut scratch = vec![0u8; qb];
+    for quad in buf.chunks_exact_mut(qb) {
+        scratch.copy_from_slice(quad);
+        match form {
+            DownForm::Quads => quads::to_quad(gu, &scratch, quad),
+            DownForm::Rows => quads::to_bundles(gu, &scratch, quad),
+        }
+    }
+}
+
+/// The whole SwiGLU MLP of one row over the first `count` bundles of
+/// `buf` (a whole buffer: a quad is read whole), in one parallel pass (as
+/// [`super::swiglu_mlp`] over f16 rows): each thread takes blocks of
+/// neurons and streams their bundles in memory order, dotting gate and up
+/// rows with the quantized `x` and adding `act · down row` into its
+/// block's partial output (a quad's four rows at once); the partials are
+/// added in block order.
+pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, buf: &[u8], count: usize, y: &mut [f32]) {
     let h = layout.hidden;
     debug_assert_eq!(x.len(), h);
-    let bb = layout.bundle_bytes();
-    let n = bundles.len() / bb;
+    let (bb, gu) = (layout.bundle_bytes(), layout.gate_up_bytes());
+    debug_assert!(count <= buf.len() / bb);
+    // Units of work: the quads holding the first `count` neurons, then the
+    // whole bundles after them.
+    let n_quads = count.div_ceil(QUAD).min(layout.in_quads(buf) / QUAD);
+    let rows_from = (QUAD * n_quads).min(count);
+    let units = n_quads + (count - rows_from);
     let xq = Q8Act::quantize(x);
     let pool = SpinPool::global();
-    let blocks = pool.partition(n, MIN_ROWS);
+    let min_units = if n_quads > 0 {
+        MIN_ROWS / QUAD
+    } else {
+        MIN_ROWS
+    };
+    let blocks = pool.partition(units, min_units);
     let mut partials = vec![0f32; blocks.len() * h];
     let parts = DisjointSlice::new(&mut partials);
     pool.run_blocks(&blocks, |index, block| {
         // SAFETY: one partial per block; the blocks of one call are distinct.
         let part = unsafe { parts.range(index * h..(index + 1) * h) };
-        let mine = &bundles[block.start * bb..block.end * bb];
-        // One pass in memory order: a neuron's gate and up rows, then its
-        // down row (Qwen 0.5B shape, out of cache: 18–20 GB/s, against
-        // 12–17 for four neurons' gate and up rows, then their four down
-        // rows with `y` in registers, whose reads jump back and forth).
-        let act = |b: &[u8]| {
-            let (g, u, _) = layout.split(b);
+        let act = |g: &[u8], u: &[u8]| {
             let (g, u) = layout.gate_up(g, u, &xq);
             swiglu(g, u)
         };
-        for b in mine.chunks_exact(bb) {
-            axpy(layout.down, act(b), layout.split(b).2, part);
+        // One pass in memory order: a neuron's gate and up rows, then its
+        // down row; a quad's four gate/up pairs, then its tile.
+        for unit in block {
+            if unit < n_quads {
+                let (first, qb) = (QUAD * unit, QUAD * bb);
+                let quad = &buf[unit * qb..(unit + 1) * qb];
+                let a = std::array::from_fn(|j| {
+                    let (g, u) = quad[j * gu..(j + 1) * gu].split_at(layout.gate_bytes());
+                    if first + j < count {
+                        act(g, u)
+                    } else {
+                        0.0
+                    }
+                });
+                let next = buf.get((unit + 1) * qb..).unwrap_or(&[]);
+                quads::axpy_tile(a, &quad[QUAD * gu..], next, part);
+            } else {
+                let n = rows_from + (unit - n_quads);
+                let (g, u, d) = layout.split(&buf[n * bb..(n + 1) * bb]);
+                axpy(layout.down, act(g, u), d, part);
+            }
         }
     });
     y.fill(0.0);
@@ -145,29 +230,36 @@ fn for_token_groups(t: usize, mut f: impl FnMut(usize, bool)) {
     }
 }
 
-/// `out[n · T + t] = silu(gate_n · xs[t]) · (up_n · xs[t])` for every
-/// bundle `n` (each bundle's `T` results together), split over rayon's
-/// threads in tiles: the prefill form of the first half of [`swiglu_bundles`], each
-/// row unpacked once per four tokens.
-pub fn swiglu_activations_q(xs: &[Q8Act], layout: &BundleLayout, bundles: &[u8], out: &mut [f32]) {
+/// `out[n · T + t] = silu(gate_n · xs[t]) · (up_n · xs[t])` for the first
+/// `count` bundles `n` of `buf` (a whole buffer; each bundle's `T`
+/// results together), split over rayon's threads in tiles: the prefill
+/// form of the first half of [`swiglu_bundles`], each row unpacked once
+/// per four tokens.
+pub fn swiglu_activations_q(
+    xs: &[Q8Act],
+    layout: &BundleLayout,
+    buf: &[u8],
+    count: usize,
+    out: &mut [f32],
+) {
     use rayon::prelude::*;
     let t = xs.len();
     if t == 0 {
         return;
     }
-    let bb = layout.bundle_bytes();
-    debug_assert_eq!(out.len(), bundles.len() / bb * t);
+    debug_assert_eq!(out.len(), count * t);
+    let in_quads = layout.in_quads(buf);
     // On rayon, as the rest of prefill (dequantized rows, candle's matmul):
     // a decode-pool job here would leave its helpers spinning for
     // `SPIN_BEFORE_PARK` beside rayon's threads after every layer.
     // A tile of bundles stays in L1/L2 while each group of four tokens
     // (their activations in L1) runs over it.
     out.par_chunks_mut(TILE_ROWS * t)
-        .zip(bundles.par_chunks(TILE_ROWS * bb))
-        .for_each(|(o, tile)| {
+        .enumerate()
+        .for_each(|(tile, o)| {
             for_token_groups(t, |j, four| {
-                for (orow, b) in o.chunks_exact_mut(t).zip(tile.chunks_exact(bb)) {
-                    let (gr, ur, _) = layout.split(b);
+                for (r, orow) in o.chunks_exact_mut(t).enumerate() {
+                    let (gr, ur) = layout.gate_up_of(buf, tile * TILE_ROWS + r, in_quads);
                     if four {
                         let x = [&xs[j], &xs[j + 1], &xs[j + 2], &xs[j + 3]];
                         let (g, u) = match layout.rows {

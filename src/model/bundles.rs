@@ -2,17 +2,21 @@
 //! neuron `n`'s gate row, up row and down row (its column of `down_proj`)
 //! stored together ([`crate::kernels::quant_mlp::BundleLayout`]), as in the
 //! quantized checkpoint file, so a run of chosen neurons is one read and
-//! one stream. Decode runs the fused kernel
+//! one stream. In memory, where the AVX-512 VNNI kernels run, every four
+//! bundles are stored as a quad ([`crate::kernels::quads`]); moves make
+//! them whole first. Decode runs the fused kernel
 //! ([`crate::kernels::quant_mlp::swiglu_bundles`]) over the bundles in any
-//! order; prefill dequantizes a chunk of neurons at a time (~1 MiB of
+//! order (in quads, the rounding of four neurons' coefficients depends on
+//! which four share one); prefill dequantizes a chunk of neurons at a time (~1 MiB of
 //! f32, a reused buffer) and multiplies into its output
 //! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
 //! on 8-bit activations.
 
 use crate::kernels::gemm::{self, Out, Rhs, View};
 use crate::kernels::planar::{self, RowForm};
-use crate::kernels::quant;
-use crate::kernels::quant_mlp::{self, BundleLayout};
+use crate::kernels::quads::{self, QUAD};
+use crate::kernels::quant::{self, QFormat};
+use crate::kernels::quant_mlp::{self, BundleLayout, DownForm};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
@@ -29,7 +33,8 @@ pub struct Bundles {
 impl Bundles {
     /// Bundles over `data`, a whole number of them. Gate and up rows of
     /// whole blocks are made planar in place where the kernels for them
-    /// run ([`planar::preferred`]).
+    /// run ([`planar::preferred`]), and bundles with `Q8_0` down rows are
+    /// stored in quads where theirs run ([`quads::preferred`]).
     pub fn new(mut layout: BundleLayout, mut data: Vec<u8>) -> Result<Self> {
         layout.check()?;
         let bb = layout.bundle_bytes();
@@ -48,6 +53,11 @@ impl Bundles {
                 planar::make_planar(layout.up, h, u);
             }
             layout.rows = RowForm::Planar;
+        }
+        if layout.down == QFormat::Q8_0 && layout.down_form == DownForm::Rows && quads::preferred()
+        {
+            quant_mlp::reform(&layout, &mut data, DownForm::Quads);
+            layout.down_form = DownForm::Quads;
         }
         crate::sys::hugepages::collapse(data.as_ptr(), data.len());
         Ok(Self {
@@ -94,7 +104,8 @@ impl Bundles {
     /// Stores bundle `src[i]` at `i` (moving blocks, never requantizing):
     /// in place when no view shares the buffer (so it keeps its huge
     /// pages; one bundle of scratch, each cycle of the permutation followed
-    /// once), else into a new buffer.
+    /// once), else into a new buffer. Bundles in quads are made whole for
+    /// the move and put in quads again after it.
     pub fn permute(&mut self, src: &[usize]) -> Result<()> {
         let bb = self.layout.bundle_bytes();
         let n = self.count;
@@ -107,6 +118,14 @@ impl Bundles {
         if src.len() != n {
             bail!("a permutation of {n} bundles names {}", src.len());
         }
+        if self.layout.down_form == DownForm::Quads {
+            let layout = self.layout;
+            let buf = Arc::make_mut(&mut self.data);
+            quant_mlp::reform(&layout, buf, DownForm::Rows);
+            permute_in_place(&mut buf[..n * bb], src, bb);
+            quant_mlp::reform(&layout, buf, DownForm::Quads);
+            return Ok(());
+        }
         let Some(buf) = Arc::get_mut(&mut self.data) else {
             let old = self.data();
             let mut moved = Vec::with_capacity(old.len());
@@ -116,27 +135,7 @@ impl Bundles {
             self.data = Arc::new(moved);
             return Ok(());
         };
-        let mut done = vec![false; n];
-        let mut scratch = vec![0u8; bb];
-        for start in 0..n {
-            if done[start] || src[start] == start {
-                continue;
-            }
-            // Bundle `start` is parked in `scratch`; each slot takes its
-            // source until the cycle comes back to `start`.
-            scratch.copy_from_slice(&buf[start * bb..(start + 1) * bb]);
-            let mut dst = start;
-            loop {
-                done[dst] = true;
-                let from = src[dst];
-                if from == start {
-                    buf[dst * bb..(dst + 1) * bb].copy_from_slice(&scratch);
-                    break;
-                }
-                buf.copy_within(from * bb..(from + 1) * bb, dst * bb);
-                dst = from;
-            }
-        }
+        permute_in_place(&mut buf[..n * bb], src, bb);
         Ok(())
     }
 
@@ -153,10 +152,25 @@ impl Bundles {
         if let Some(&bad) = slots.iter().find(|&&s| s >= self.count) {
             bail!("bundle slot {bad} is out of range ({} held)", self.count);
         }
-        let bb = self.layout.bundle_bytes();
+        let (layout, bb) = (self.layout, self.layout.bundle_bytes());
+        let quads = layout.down_form == DownForm::Quads;
+        // Whole bundles on both sides for the copy.
+        let incoming = if quads {
+            let mut whole = from.data.to_vec();
+            quant_mlp::reform(&layout, &mut whole, DownForm::Rows);
+            std::borrow::Cow::Owned(whole)
+        } else {
+            std::borrow::Cow::Borrowed(&from.data[..])
+        };
         let buf = Arc::make_mut(&mut self.data);
+        if quads {
+            quant_mlp::reform(&layout, buf, DownForm::Rows);
+        }
         for (j, &s) in slots.iter().enumerate() {
-            buf[s * bb..(s + 1) * bb].copy_from_slice(&from.data[j * bb..(j + 1) * bb]);
+            buf[s * bb..(s + 1) * bb].copy_from_slice(&incoming[j * bb..(j + 1) * bb]);
+        }
+        if quads {
+            quant_mlp::reform(&layout, buf, DownForm::Quads);
         }
         Ok(())
     }
@@ -171,7 +185,7 @@ impl Bundles {
             );
         }
         let mut y = vec![0f32; x.len()];
-        quant_mlp::swiglu_bundles(x, &self.layout, self.data(), &mut y);
+        quant_mlp::swiglu_bundles(x, &self.layout, &self.data, self.count, &mut y);
         Ok(y)
     }
 
@@ -186,14 +200,25 @@ impl Bundles {
         use rayon::prelude::*;
         let (l, h, bb) = (&self.layout, self.layout.hidden, self.layout.bundle_bytes());
         let format = [l.gate, l.up, l.down][part];
-        let data = &self.data()[range.start * bb..range.end * bb];
+        let in_quads = l.in_quads(&self.data);
+        let buf = &self.data[..];
         out.par_chunks_mut(h)
-            .zip(data.par_chunks(bb))
+            .zip(range)
             .with_min_len(8)
-            .for_each(|(o, b)| {
-                let rows = l.split(b);
-                let form = if part < 2 { l.rows } else { RowForm::Blocks };
-                quant::dequantize_row_in(format, form, [rows.0, rows.1, rows.2][part], o)
+            .for_each(|(o, i)| match part {
+                0 | 1 => {
+                    let (g, u) = l.gate_up_of(buf, i, in_quads);
+                    quant::dequantize_row_in(format, l.rows, [g, u][part], o)
+                }
+                _ if i < in_quads => {
+                    let qb = QUAD * bb;
+                    let tile = &buf[i / QUAD * qb + QUAD * l.gate_up_bytes()..(i / QUAD + 1) * qb];
+                    quads::dequantize(tile, i % QUAD, o)
+                }
+                _ => {
+                    let down = l.split(&buf[i * bb..(i + 1) * bb]).2;
+                    quant::dequantize_row_in(format, RowForm::Blocks, down, o)
+                }
             });
     }
 
@@ -234,7 +259,7 @@ impl Bundles {
             // 8-bit activations, as decode's (see `quant::int8_prefill`).
             let xs: Vec<quant::Q8Act> = v.chunks_exact(h).map(quant::Q8Act::quantize).collect();
             let mut out = vec![0f32; self.count * m];
-            quant_mlp::swiglu_activations_q(&xs, &self.layout, self.data(), &mut out);
+            quant_mlp::swiglu_activations_q(&xs, &self.layout, &self.data, self.count, &mut out);
             let a = Tensor::from_vec(out, (self.count, m), &Device::Cpu)?.t()?;
             return Ok(a.contiguous()?.reshape(dims)?);
         }
@@ -312,6 +337,34 @@ impl Bundles {
     }
 }
 
+/// `buf`'s bundles (of `bb` bytes) in the order `src` (a permutation):
+/// bundle `src[i]` moves to `i`, each cycle followed once, one bundle of
+/// scratch.
+fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
+    let n = src.len();
+    let mut done = vec![false; n];
+    let mut scratch = vec![0u8; bb];
+    for start in 0..n {
+        if done[start] || src[start] == start {
+            continue;
+        }
+        // Bundle `start` is parked in `scratch`; each slot takes its
+        // source until the cycle comes back to `start`.
+        scratch.copy_from_slice(&buf[start * bb..(start + 1) * bb]);
+        let mut dst = start;
+        loop {
+            done[dst] = true;
+            let from = src[dst];
+            if from == start {
+                buf[dst * bb..(dst + 1) * bb].copy_from_slice(&scratch);
+                break;
+            }
+            buf.copy_within(from * bb..(from + 1) * bb, dst * bb);
+            dst = from;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +378,7 @@ mod tests {
             up: QFormat::Q8_0,
             down: QFormat::Q8_0,
             rows: RowForm::Blocks,
+            down_form: DownForm::Rows,
         };
         let bb = layout.bundle_bytes();
         let data = (0..n).flat_map(|i| vec![i as u8; bb]).collect();
@@ -351,9 +405,12 @@ mod tests {
         assert_eq!(b.down(&a).unwrap().dims(), [2, 32]);
     }
 
+    /// Each bundle's first gate byte (where it lies in quads too).
     fn labels(b: &Bundles) -> Vec<usize> {
-        let bb = b.layout.bundle_bytes();
-        b.data().chunks(bb).map(|c| c[0] as usize).collect()
+        let q = b.layout.in_quads(&b.data);
+        (0..b.count)
+            .map(|i| b.layout.gate_up_of(&b.data, i, q).0[0] as usize)
+            .collect()
     }
 
     #[test]

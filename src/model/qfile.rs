@@ -15,7 +15,7 @@
 
 use crate::kernels::planar::RowForm;
 use crate::kernels::quant::QFormat;
-use crate::kernels::quant_mlp::BundleLayout;
+use crate::kernels::quant_mlp::{BundleLayout, DownForm};
 use crate::model::bundles::Bundles;
 use crate::model::linear::QMatrix;
 use crate::model::Config;
@@ -78,6 +78,7 @@ impl FfnEntry {
             up: f(&self.up)?,
             down: f(&self.down)?,
             rows: RowForm::Blocks,
+            down_form: DownForm::Rows,
         };
         l.check()?;
         Ok(l)

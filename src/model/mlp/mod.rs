@@ -587,7 +587,7 @@ mod tests {
         use crate::kernels::planar::RowForm;
         use crate::kernels::quant::tests::quantize_rows;
         use crate::kernels::quant::QFormat;
-        use crate::kernels::quant_mlp::BundleLayout;
+        use crate::kernels::quant_mlp::{BundleLayout, DownForm};
         let (n, h) = (24, 64);
         let layout = BundleLayout {
             hidden: h,
@@ -595,6 +595,7 @@ mod tests {
             up: QFormat::Q4_1,
             down: QFormat::Q8_0,
             rows: RowForm::Blocks,
+            down_form: DownForm::Rows,
         };
         let rows =
             |seed: u32, f| quantize_rows(&crate::kernels::test_data::data(n * h, seed), h, f);
@@ -634,9 +635,18 @@ mod tests {
             let a = held.to_canonical(&held.activations(&x).unwrap()).unwrap();
             assert!(max_diff(&a, &dense_a) < 1e-5);
             assert!(max_diff(&held.forward(&x).unwrap(), &dense_y) < 1e-4);
-            // Decode sums whole bundles: any storage order, the same row.
+            // Decode sums whole bundles: any storage order, the same row
+            // (up to the rounding of four neurons' coefficients where the
+            // bundles are in quads, which depends on which four share one).
+            // Measured: 0.034 against a largest output of 13.1.
             let y = held.forward_row(&row).unwrap();
-            assert!(y.iter().zip(&dense_row).all(|(a, b)| (a - b).abs() < 1e-4));
+            let top = dense_row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let tol = if crate::kernels::quads::preferred() {
+                1e-2 * top
+            } else {
+                1e-4
+            };
+            assert!(y.iter().zip(&dense_row).all(|(a, b)| (a - b).abs() < tol));
             let f = held.front().unwrap();
             let ids: Vec<u32> = front.iter().map(|&p| p as u32).collect();
             assert_eq!(f.neurons(), Some(&ids[..]));
