@@ -101,17 +101,17 @@ pub fn to_bundles(gate_up: usize, quad: &[u8], bundles: &mut [u8]) {
         let w: &[u8; 128] = w.try_into().expect("128 bytes");
         let mut rows = [[0u8; 32]; QUAD];
         #[cfg(target_arch = "x86_64")]
-        let fast = super::x86_quant::available();
-        #[cfg(not(target_arch = "x86_64"))]
-        let fast = false;
-        if fast {
-            #[cfg(target_arch = "x86_64")]
+        let done = super::x86_quant::available() && {
+            let [r0, r1, r2, r3] = &mut rows;
             // SAFETY: AVX2 is there; 128 bytes in, 32 per row out.
             unsafe {
-                let [r0, r1, r2, r3] = &mut rows;
                 x86_vnni_quads::deinterleave(w.as_ptr(), [r0, r1, r2, r3].map(|r| r.as_mut_ptr()))
             };
-        } else {
+            true
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done {
             for i in 0..QK {
                 for j in 0..QUAD {
                     rows[j][i] = w[QUAD * i + j] ^ 0x80;

@@ -4,6 +4,8 @@
 //! (outputs 0–15 and 16–31, four neurons' bytes each), two `vpdpbusd` and
 //! one multiply-add each into `y`. Equal to
 //! [`super::quads::axpy_tile_portable`] to the bit for finite scales.
+//! Also the AVX2 [`interleave`] / [`deinterleave`] of one block's four rows
+//! that making and unmaking quads runs on.
 
 use super::quads::QUAD;
 use super::quant::QK;
