@@ -50,6 +50,13 @@ any client gets. `--sigint-after N` sends SIGINT once N requests have ended:
 everything already queued must still be answered or cancelled, and the node
 must exit 0.
 
+`--transport udp` runs node and clients without Fast DDS's shared-memory
+transport (FASTDDS_BUILTIN_TRANSPORTS=UDPv4): Fast DDS 2.14 has open reports
+of peers of a SIGKILLed participant that no longer hear its successor over
+shared memory (eProsima/Fast-DDS#5053, #5469); the CI kill case runs on UDP.
+A planner that cannot send its share before `--deadline` reports which
+interfaces it never discovered.
+
 Prints progress every 5 s, then the accounting, latency percentiles (send to
 reply, per kind), throughput and node RSS (after the first 100 requests, at
 the end, max). Exit status 1 when a request was LOST or undelivered, a
@@ -106,6 +113,8 @@ def parse_args(argv=None):
                     help="node parameter override name:=value (repeatable)")
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--deadline", type=float, default=1800.0, help="whole run, seconds")
+    ap.add_argument("--transport", choices=["default", "udp"], default="default",
+                    help="udp: Fast DDS without its shared-memory transport (node and clients)")
     ap.add_argument("--kill-cycles", type=int, default=0)
     ap.add_argument("--kill-every", type=float, default=6.0, help="seconds of load between kills")
     ap.add_argument("--respawn-delay", type=float, default=1.0)
@@ -313,10 +322,14 @@ def client_main(idx, cfg, quota, out, start, stop):
             break
     for p in list(pending.values()):
         end(p, "timeout")
+    # A planner that could not send its share says which interfaces it
+    # never found (discovery of a restarted node), for the report.
+    unsent = limit - sent if vanish_at is None else 0
+    not_ready = [k for k in kinds if not ready(k)] if unsent else []
     t = time.time() + 2.0  # late duplicates
     while time.time() < t:
         rclpy.spin_once(node, timeout_sec=0.05)
-    out.put(("end", idx, dups[0]))
+    out.put(("end", idx, dups[0], unsent, not_ready))
     act.destroy()
     node.destroy_node()
     rclpy.shutdown()
@@ -468,6 +481,9 @@ def main(argv=None):
     a = parse_args(argv)
     os.environ["ROS_DOMAIN_ID"] = str(a.domain or random.Random(os.getpid()).randint(1, 101))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if a.transport == "udp":
+        # Node and clients (spawned, they inherit it) on UDP over loopback only.
+        os.environ["FASTDDS_BUILTIN_TRANSPORTS"] = "UDPv4"
     if not a.launch and not NODE_BIN.exists():
         sys.exit(f"{NODE_BIN} missing: cargo build --release --features ros --bins")
     mnt = f"max_new_tokens:={a.max_new_tokens}"
@@ -535,6 +551,9 @@ def main(argv=None):
             else:
                 ended.add(msg[1])
                 dups += msg[2]
+                if msg[3]:
+                    print(f"client {msg[1]}: {msg[3]} requests of its share unsent at the "
+                          f"deadline; not discovered: {' '.join(msg[4]) or 'none'}", flush=True)
             try:
                 msg = out.get_nowait()
             except queue.Empty:

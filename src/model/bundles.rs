@@ -35,7 +35,13 @@ impl Bundles {
     /// whole blocks are made planar in place where the kernels for them
     /// run ([`planar::preferred`]), and bundles with `Q8_0` down rows are
     /// stored in quads where theirs run ([`quads::preferred`]).
-    pub fn new(mut layout: BundleLayout, mut data: Vec<u8>) -> Result<Self> {
+    pub fn new(layout: BundleLayout, data: Vec<u8>) -> Result<Self> {
+        Self::new_in(layout, data, true)
+    }
+
+    /// As [`Bundles::new`]; `quads: false` keeps the down rows whole
+    /// (exact `Q8_0` rows, no rounding of the coefficients).
+    pub fn new_in(mut layout: BundleLayout, mut data: Vec<u8>, quads: bool) -> Result<Self> {
         layout.check()?;
         let bb = layout.bundle_bytes();
         if !data.len().is_multiple_of(bb) {
@@ -54,7 +60,10 @@ impl Bundles {
             }
             layout.rows = RowForm::Planar;
         }
-        if layout.down == QFormat::Q8_0 && layout.down_form == DownForm::Rows && quads::preferred()
+        if quads
+            && layout.down == QFormat::Q8_0
+            && layout.down_form == DownForm::Rows
+            && quads::preferred()
         {
             quant_mlp::reform(&layout, &mut data, DownForm::Quads);
             layout.down_form = DownForm::Quads;

@@ -396,6 +396,8 @@ impl QFile {
                 data
             }
         };
-        Bundles::new(layout, data)
+        // `q8` keeps its down rows whole: it is the dtype closest to f32,
+        // and the quads round each block's four coefficients to 8 bits.
+        Bundles::new_in(layout, data, self.header.dtype != "q8")
     }
 }
