@@ -6,6 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use selectinfer::kernels::quant_mlp::DownForm;
 use selectinfer::model::qfile::{self, QFile};
 use selectinfer::model::{FfnRows, LoadOptions, Model};
 use selectinfer::sys::device::Quant;
@@ -258,6 +259,11 @@ fn selective_loading_of_bundles_reads_exactly_the_planned_neurons() {
             3,
             "one pread per run of consecutive neurons"
         );
+        // q8 keeps its down rows exact; q4 stores them in quads where
+        // those kernels run.
+        let quads = q == "q4" && selectinfer::kernels::quads::preferred();
+        let form = if quads { DownForm::Quads } else { DownForm::Rows };
+        assert_eq!(b.layout().down_form, form, "{q}");
         assert!(file.bundles(3, Some(&[5, 4])).is_err());
         assert!(file.bundles(3, Some(&[1536])).is_err());
         // The held bundles are the file's: the dense load's rows `ids`.
