@@ -262,7 +262,11 @@ fn selective_loading_of_bundles_reads_exactly_the_planned_neurons() {
         // q8 keeps its down rows exact; q4 stores them in quads where
         // those kernels run.
         let quads = q == "q4" && selectinfer::kernels::quads::preferred();
-        let form = if quads { DownForm::Quads } else { DownForm::Rows };
+        let form = if quads {
+            DownForm::Quads
+        } else {
+            DownForm::Rows
+        };
         assert_eq!(b.layout().down_form, form, "{q}");
         assert!(file.bundles(3, Some(&[5, 4])).is_err());
         assert!(file.bundles(3, Some(&[1536])).is_err());

@@ -118,15 +118,7 @@ impl Bundles {
     pub fn permute(&mut self, src: &[usize]) -> Result<()> {
         let bb = self.layout.bundle_bytes();
         let n = self.count;
-        let mut seen = vec![false; n];
-        for &s in src {
-            if s >= n || std::mem::replace(&mut seen[s], true) {
-                bail!("{src:?} is not a permutation of {n} bundles");
-            }
-        }
-        if src.len() != n {
-            bail!("a permutation of {n} bundles names {}", src.len());
-        }
+        check_permutation(src, n)?;
         if self.layout.down_form == DownForm::Quads {
             let layout = self.layout;
             let buf = Arc::make_mut(&mut self.data);
@@ -152,6 +144,23 @@ impl Bundles {
     /// neurons into the slots of the dropped ones): in place when no view
     /// shares the buffer, else on a copy of it.
     pub fn overwrite(&mut self, slots: &[usize], from: &Self) -> Result<()> {
+        self.replace(slots, from, None)
+    }
+
+    /// [`Bundles::overwrite`] then [`Bundles::permute`] (a task swap's
+    /// added neurons into the dropped ones' slots, then the new order), in
+    /// one go: bundles in quads are made whole once for both, not twice.
+    /// Both are checked before anything is written.
+    pub fn overwrite_and_permute(
+        &mut self,
+        slots: &[usize],
+        from: &Self,
+        src: &[usize],
+    ) -> Result<()> {
+        self.replace(slots, from, Some(src))
+    }
+
+    fn replace(&mut self, slots: &[usize], from: &Self, src: Option<&[usize]>) -> Result<()> {
         if self.layout != from.layout {
             bail!("bundles of different layouts cannot be mixed");
         }
@@ -161,7 +170,10 @@ impl Bundles {
         if let Some(&bad) = slots.iter().find(|&&s| s >= self.count) {
             bail!("bundle slot {bad} is out of range ({} held)", self.count);
         }
-        let (layout, bb) = (self.layout, self.layout.bundle_bytes());
+        if let Some(src) = src {
+            check_permutation(src, self.count)?;
+        }
+        let (layout, bb, n) = (self.layout, self.layout.bundle_bytes(), self.count);
         let quads = layout.down_form == DownForm::Quads;
         // Whole bundles on both sides for the copy.
         let incoming = if quads {
@@ -177,6 +189,9 @@ impl Bundles {
         }
         for (j, &s) in slots.iter().enumerate() {
             buf[s * bb..(s + 1) * bb].copy_from_slice(&incoming[j * bb..(j + 1) * bb]);
+        }
+        if let Some(src) = src {
+            permute_in_place(&mut buf[..n * bb], src, bb);
         }
         if quads {
             quant_mlp::reform(&layout, buf, DownForm::Quads);
@@ -349,6 +364,20 @@ impl Bundles {
 /// `buf`'s bundles (of `bb` bytes) in the order `src` (a permutation):
 /// bundle `src[i]` moves to `i`, each cycle followed once, one bundle of
 /// scratch.
+/// Refuses `src` unless it is a permutation of `0..n`.
+fn check_permutation(src: &[usize], n: usize) -> Result<()> {
+    let mut seen = vec![false; n];
+    for &s in src {
+        if s >= n || std::mem::replace(&mut seen[s], true) {
+            bail!("{src:?} is not a permutation of {n} bundles");
+        }
+    }
+    if src.len() != n {
+        bail!("a permutation of {n} bundles names {}", src.len());
+    }
+    Ok(())
+}
+
 fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
     let n = src.len();
     let mut done = vec![false; n];
@@ -461,5 +490,32 @@ mod tests {
             b.overwrite(&[0], &incoming).is_err(),
             "two bundles, one slot"
         );
+    }
+
+    #[test]
+    fn overwrite_and_permute_equals_the_two_steps_and_checks_both_first() {
+        // Nine bundles: two whole quads (where the kernels for them run)
+        // and one bundle after them.
+        let fresh = || {
+            let mut f = numbered(12);
+            f.permute(&[10, 11, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]).unwrap();
+            f.prefix(2)
+        };
+        let src = [1, 0, 3, 2, 8, 4, 5, 6, 7];
+        let mut two = numbered(9);
+        two.overwrite(&[3, 6], &fresh()).unwrap();
+        two.permute(&src).unwrap();
+        let mut one = numbered(9);
+        one.overwrite_and_permute(&[3, 6], &fresh(), &src).unwrap();
+        assert_eq!(one.data, two.data, "the same bytes");
+        assert_eq!(labels(&one), [1, 0, 10, 2, 8, 4, 5, 11, 7]);
+        // A bad permutation leaves the bundles as they were.
+        let before = one.data.clone();
+        let err = one
+            .overwrite_and_permute(&[0, 1], &fresh(), &[0, 0, 1, 2, 3, 4, 5, 6, 7])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a permutation"), "{err}");
+        assert_eq!(one.data, before);
     }
 }

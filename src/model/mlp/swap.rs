@@ -69,7 +69,6 @@ impl Mlp {
                 .filter(|(_, n)| new.binary_search(n).is_err())
                 .map(|(c, _)| stored[c] as usize)
                 .collect();
-            b.overwrite(&slots, inc)?;
             let src: Vec<usize> = new
                 .iter()
                 .map(|n| match old.binary_search(n) {
@@ -77,7 +76,7 @@ impl Mlp {
                     Err(_) => slots[added.binary_search(n).expect("an added neuron")],
                 })
                 .collect();
-            b.permute(&src)?;
+            b.overwrite_and_permute(&slots, inc, &src)?;
             return Ok(self.swapped(new, added.len()));
         }
         // Per neuron of the new set: its stored row here, or its row in `incoming`.
