@@ -43,6 +43,15 @@ impl Bundles {
     /// (exact `Q8_0` rows, no rounding of the coefficients).
     pub fn new_in(mut layout: BundleLayout, mut data: Vec<u8>, quads: bool) -> Result<Self> {
         layout.check()?;
+        // The in-memory forms are made here from the file's; bytes said to
+        // be in one already would be trusted unchecked.
+        if layout.rows != RowForm::Blocks || layout.down_form != DownForm::Rows {
+            bail!(
+                "neuron bundles are given as a file holds them (whole blocks, whole bundles), not {:?} / {:?}",
+                layout.rows,
+                layout.down_form
+            );
+        }
         let bb = layout.bundle_bytes();
         if !data.len().is_multiple_of(bb) {
             bail!(
@@ -50,7 +59,7 @@ impl Bundles {
                 data.len()
             );
         }
-        if layout.rows == RowForm::Blocks && planar::preferred() {
+        if planar::preferred() {
             let (h, gb) = (layout.hidden, layout.gate_bytes());
             let rows = gb + layout.up_bytes();
             for b in data.chunks_exact_mut(bb) {
@@ -60,11 +69,7 @@ impl Bundles {
             }
             layout.rows = RowForm::Planar;
         }
-        if quads
-            && layout.down == QFormat::Q8_0
-            && layout.down_form == DownForm::Rows
-            && quads::preferred()
-        {
+        if quads && layout.down == QFormat::Q8_0 && quads::preferred() {
             quant_mlp::reform(&layout, &mut data, DownForm::Quads);
             layout.down_form = DownForm::Quads;
         }
@@ -449,6 +454,24 @@ mod tests {
         (0..b.count)
             .map(|i| b.layout.gate_up_of(&b.data, i, q).0[0] as usize)
             .collect()
+    }
+
+    #[test]
+    fn bundles_said_to_be_in_a_memory_form_already_are_refused() {
+        let layout = numbered(1).layout;
+        for (rows, down_form) in [
+            (RowForm::Planar, DownForm::Rows),
+            (RowForm::Blocks, DownForm::Quads),
+        ] {
+            let l = BundleLayout {
+                rows,
+                down_form,
+                ..layout
+            };
+            let data = vec![0u8; 4 * l.bundle_bytes()];
+            let err = Bundles::new(l, data).unwrap_err().to_string();
+            assert!(err.contains("as a file holds them"), "{err}");
+        }
     }
 
     #[test]
