@@ -53,7 +53,7 @@ must exit 0.
 `--transport udp` runs node and clients without Fast DDS's shared-memory
 transport (FASTDDS_BUILTIN_TRANSPORTS=UDPv4): Fast DDS 2.14 has open reports
 of peers of a SIGKILLed participant that no longer hear its successor over
-shared memory (eProsima/Fast-DDS#5053, #5469); the CI kill case runs on UDP.
+shared memory (eProsima/Fast-DDS#5053, #5469); CI's kill and vanish cases run on UDP.
 A planner that cannot send its share before `--deadline` reports which
 interfaces it never discovered.
 
