@@ -302,8 +302,14 @@ impl NodeParams {
     pub fn summary(&self) -> String {
         let e = &self.engine;
         let p: &SelectionParams = &e.params;
+        let layer_drop = if p.layer_drop.is_empty() {
+            "even".to_string()
+        } else {
+            format!("{:?}", p.layer_drop)
+        };
         format!(
-            "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, dense layers {:?}, queue_depth {}",
+            "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, gate_keep {}, \
+             vocab {}, dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
             e.model.display(),
             e.dtype,
             e.device,
@@ -313,6 +319,9 @@ impl NodeParams {
             p.static_ratio,
             self.runtime.compute_ratio,
             self.runtime.token_ratio,
+            p.score,
+            p.gate_keep,
+            e.vocab,
             p.dense_layers,
             self.queue_depth
         )
@@ -474,6 +483,16 @@ mod tests {
             p.get("layer_drop"),
             Some(ParameterValue::DoubleArray(vec![0.0, 1.5]))
         );
+        // The configure log line names every selection knob.
+        let line = p.summary();
+        for part in [
+            "layer_drop [0.0, 1.5]",
+            "score counts",
+            "vocab all",
+            "gate_keep",
+        ] {
+            assert!(line.contains(part), "{part} missing: {line}");
+        }
         assert_eq!(p.get("temperature"), defaults.get("temperature"));
         p.set("temperature", &ParameterValue::Double(0.7)).unwrap();
         assert_eq!(p.get("temperature"), Some(ParameterValue::Double(0.7)));
