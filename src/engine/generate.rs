@@ -260,18 +260,26 @@ impl Engine {
                 self.model.blocks.len()
             );
         }
-        chosen
-            .iter()
-            .zip(self.model.blocks.iter_mut())
-            .enumerate()
-            .map(|(layer, (c, b))| {
-                let Some(rows) = c else { return Ok(None) };
-                b.mlp
-                    .arrange(rows)
-                    .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
-                Ok(Some(b.mlp.front()?.gated(keep)?))
-            })
-            .collect()
+        let one = |(layer, (c, b)): (usize, (&Option<Vec<usize>>, &mut crate::model::Block))| {
+            let Some(rows) = c else { return Ok(None) };
+            b.mlp
+                .arrange(rows)
+                .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
+            Ok(Some(b.mlp.front()?.gated(keep)?))
+        };
+        // Layers that move their neurons in place (bundles, on the CPU) are
+        // arranged on rayon's threads, several at once: no copy of a layer
+        // is made, so the memory plan's one-layer transient still holds.
+        // Rows gather a copy per matrix: one layer at a time.
+        let in_place = self.model.device().is_cpu()
+            && self.model.blocks.iter().all(|b| b.mlp.arranges_in_place());
+        if !in_place {
+            let layers = chosen.iter().zip(self.model.blocks.iter_mut());
+            return layers.enumerate().map(one).collect();
+        }
+        use rayon::prelude::*;
+        let layers = chosen.par_iter().zip(self.model.blocks.par_iter_mut());
+        layers.enumerate().map(one).collect()
     }
 
     /// FFN work per decode token / all FFN neurons' (a gated neuron that

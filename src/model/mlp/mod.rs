@@ -213,6 +213,13 @@ impl Mlp {
         Ok(())
     }
 
+    /// Whether [`Mlp::arrange`] moves the neurons within their own buffer,
+    /// with no copy of the layer (neuron bundles; rows are gathered into a
+    /// copy of a matrix, one at a time).
+    pub fn arranges_in_place(&self) -> bool {
+        matches!(self.store, Store::Bundles(_))
+    }
+
     /// The front segment as an MLP of its own: views of the stored rows, no
     /// copy. What decode runs on after [`Mlp::arrange`].
     pub fn front(&self) -> Result<Self> {
