@@ -1,7 +1,7 @@
-//! Gathering rows of a weight matrix into a new buffer (the per-prompt
-//! arrangement of the chosen neurons).
+//! Gathering rows of a weight matrix into a new buffer, or permuting them
+//! in place (the per-prompt arrangement of the chosen neurons).
 
-use candle_core::{CpuStorage, Result, Storage, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, Tensor};
 
 /// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
 /// plain row-by-row memcpy (candle's `index_select` goes element by element
@@ -122,6 +122,89 @@ pub fn merge_rows(a: &Tensor, b: &Tensor, picks: &[(bool, u32)]) -> Result<Tenso
     }
 }
 
+/// Stores record `src[i]` of `buf` (records of `bb` bytes; `src` a
+/// permutation of them) at `i`, in place: each cycle of the permutation
+/// followed once, one record of scratch.
+pub fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
+    let n = src.len();
+    let mut done = vec![false; n];
+    let mut scratch = vec![0u8; bb];
+    for start in 0..n {
+        if done[start] || src[start] == start {
+            continue;
+        }
+        // Bundle `start` is parked in `scratch`; each slot takes its
+        // source until the cycle comes back to `start`.
+        scratch.copy_from_slice(&buf[start * bb..(start + 1) * bb]);
+        let mut dst = start;
+        loop {
+            done[dst] = true;
+            let from = src[dst];
+            if from == start {
+                buf[dst * bb..(dst + 1) * bb].copy_from_slice(&scratch);
+                break;
+            }
+            buf.copy_within(from * bb..(from + 1) * bb, dst * bb);
+            dst = from;
+        }
+    }
+}
+
+/// Stores row `src[i]` of the 2-D tensor `t` at row `i`, in `t`'s own
+/// storage (clones and views of `t` see the move): no copy of the matrix,
+/// one row of scratch. Returns `false`, with nothing done, unless `t` is a
+/// contiguous CPU matrix of f32, f16 or bf16 (the caller gathers a copy
+/// instead); refuses `src` unless it is a permutation of `t`'s rows.
+pub fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
+    let (n, k) = t.dims2()?;
+    let mut seen = vec![false; n];
+    if src.len() != n
+        || src
+            .iter()
+            .any(|&r| r as usize >= n || std::mem::replace(&mut seen[r as usize], true))
+    {
+        candle_core::bail!(
+            "permute_rows: {} indices are not a permutation of {n} rows",
+            src.len()
+        );
+    }
+    if !t.device().is_cpu() || !t.is_contiguous() {
+        return Ok(false);
+    }
+    struct Permute(Vec<usize>, usize);
+    impl InplaceOp1 for Permute {
+        fn name(&self) -> &'static str {
+            "permute-rows"
+        }
+        fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+            let Some((start, end)) = layout.contiguous_offsets() else {
+                candle_core::bail!("permute_rows: tensor is not contiguous");
+            };
+            /// The elements as bytes (plain numbers: any bytes are valid).
+            fn bytes<T: Copy>(v: &mut [T]) -> &mut [u8] {
+                // SAFETY: `v`'s memory, viewed as bytes, for the borrow's life.
+                unsafe {
+                    std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v))
+                }
+            }
+            let (buf, size) = match storage {
+                CpuStorage::F32(v) => (bytes(&mut v[start..end]), 4),
+                CpuStorage::F16(v) => (bytes(&mut v[start..end]), 2),
+                CpuStorage::BF16(v) => (bytes(&mut v[start..end]), 2),
+                _ => candle_core::bail!("permute_rows: rows of f32, f16 or bf16 only"),
+            };
+            permute_in_place(buf, &self.0, self.1 * size);
+            Ok(())
+        }
+    }
+    match t.dtype() {
+        candle_core::DType::F32 | candle_core::DType::F16 | candle_core::DType::BF16 => {}
+        _ => return Ok(false),
+    }
+    t.inplace_op1(&Permute(src.iter().map(|&r| r as usize).collect(), k))?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +235,47 @@ mod tests {
         }
         assert!(merge_rows(&a, &b, &[(true, 2)]).is_err());
         assert!(merge_rows(&a, &a.t().unwrap(), &[(false, 0)]).is_err());
+    }
+
+    #[test]
+    fn rows_permuted_in_place_equal_the_gathered_rows_and_bad_input_is_refused() {
+        let src = [3u32, 0, 4, 1, 2];
+        for dtype in [candle_core::DType::F32, candle_core::DType::F16] {
+            let t = Tensor::arange(0f32, 15., &Device::Cpu)
+                .unwrap()
+                .reshape((5, 3))
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let want: Vec<f32> = gather_rows(&t, &src)
+                .unwrap()
+                .to_dtype(candle_core::DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let view = t.clone();
+            assert!(permute_rows_in_place(&t, &src).unwrap());
+            let got: Vec<f32> = view
+                .to_dtype(candle_core::DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_eq!(got, want, "{dtype:?}: in the shared storage");
+        }
+        let t = Tensor::zeros((3, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+        for bad in [&[0u32, 0, 1][..], &[0, 1], &[0, 1, 3]] {
+            let err = permute_rows_in_place(&t, bad).unwrap_err().to_string();
+            assert!(err.contains("not a permutation of 3 rows"), "{err}");
+        }
+        // A transposed view is not contiguous: left to the caller.
+        let t = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap();
+        assert!(!permute_rows_in_place(&t, &[2, 1, 0]).unwrap());
     }
 }

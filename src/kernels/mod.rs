@@ -22,7 +22,7 @@
 //! threads wait. Other devices use candle's ops.
 
 mod attention;
-mod gather;
+pub mod gather;
 pub mod gemm;
 pub mod matvec;
 mod mlp;
@@ -47,7 +47,7 @@ mod x86_vnni_planar;
 mod x86_vnni_quads;
 
 pub use attention::decode_attention;
-pub use gather::{gather_rows, merge_rows};
+pub use gather::{gather_rows, merge_rows, permute_rows_in_place};
 pub use matvec::{matvec, matvec_ids, WeightElem};
 pub use mlp::{
     gate_keep_mask, gated_neurons, group_keep, swiglu_mlp, swiglu_mlp_gated, swiglu_mlp_weights,

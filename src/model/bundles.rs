@@ -12,6 +12,7 @@
 //! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
 //! on 8-bit activations.
 
+use crate::kernels::gather::permute_in_place;
 use crate::kernels::gemm::{self, Out, Rhs, View};
 use crate::kernels::planar::{self, RowForm};
 use crate::kernels::quads::{self, QUAD};
@@ -381,31 +382,6 @@ fn check_permutation(src: &[usize], n: usize) -> Result<()> {
         bail!("a permutation of {n} bundles names {}", src.len());
     }
     Ok(())
-}
-
-fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
-    let n = src.len();
-    let mut done = vec![false; n];
-    let mut scratch = vec![0u8; bb];
-    for start in 0..n {
-        if done[start] || src[start] == start {
-            continue;
-        }
-        // Bundle `start` is parked in `scratch`; each slot takes its
-        // source until the cycle comes back to `start`.
-        scratch.copy_from_slice(&buf[start * bb..(start + 1) * bb]);
-        let mut dst = start;
-        loop {
-            done[dst] = true;
-            let from = src[dst];
-            if from == start {
-                buf[dst * bb..(dst + 1) * bb].copy_from_slice(&scratch);
-                break;
-            }
-            buf.copy_within(from * bb..(from + 1) * bb, dst * bb);
-            dst = from;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -157,10 +157,10 @@ impl Mlp {
     /// no duplicates) first: `[gate_front; up_front; gate_back; up_back]`
     /// and `down_t [front; back]`, each segment in canonical order.
     ///
-    /// On the CPU the rows are rewritten in place, in the storage loaded
-    /// (and put on huge pages, [`crate::sys::hugepages`]) at load time: the
-    /// gathered copy is dropped at once, so no second copy of the layer
-    /// stays in memory. Elsewhere the MLP gets the new buffers and the old
+    /// On the CPU the rows move in place, in the storage loaded (and put
+    /// on huge pages, [`crate::sys::hugepages`]) at load time, one row of
+    /// scratch ([`crate::kernels::permute_rows_in_place`]; bundles likewise):
+    /// no copy of the layer is made. Elsewhere the MLP gets the new buffers and the old
     /// ones are freed. Clones of an `Mlp` share its storage, so arrange only
     /// an MLP no one else holds (a model's own; [`Mlp::front`]'s views are
     /// the next prompt's to replace).
@@ -197,9 +197,12 @@ impl Mlp {
                     .dense_weight()
                     .context("an MLP's gate/up rows are a tensor")?;
                 if down_t.device().is_cpu() {
-                    // One matrix at a time: at most one gathered copy is alive.
+                    // In place where the matrices allow it (no copy); else one
+                    // matrix at a time: at most one gathered copy is alive.
                     for (t, rows) in [(gu, &gate_up_rows), (&*down_t, &down_rows)] {
-                        t.slice_set(&crate::kernels::gather_rows(t, rows)?, 0, 0)?;
+                        if !crate::kernels::permute_rows_in_place(t, rows)? {
+                            t.slice_set(&crate::kernels::gather_rows(t, rows)?, 0, 0)?;
+                        }
                     }
                 } else {
                     let gu = crate::kernels::gather_rows(gu, &gate_up_rows)?;
@@ -217,7 +220,16 @@ impl Mlp {
     /// with no copy of the layer (neuron bundles; rows are gathered into a
     /// copy of a matrix, one at a time).
     pub fn arranges_in_place(&self) -> bool {
-        matches!(self.store, Store::Bundles(_))
+        match &self.store {
+            Store::Bundles(_) => true,
+            Store::Rows { gate_up, down_t } => gate_up.dense_weight().is_some_and(|g| {
+                [g, down_t].iter().all(|t| {
+                    t.device().is_cpu()
+                        && t.is_contiguous()
+                        && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
+                })
+            }),
+        }
     }
 
     /// The front segment as an MLP of its own: views of the stored rows, no
