@@ -247,24 +247,14 @@ mod tests {
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
-            let want: Vec<f32> = gather_rows(&t, &src)
-                .unwrap()
-                .to_dtype(candle_core::DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let values = |t: &Tensor| -> Vec<f32> {
+                let t = t.to_dtype(candle_core::DType::F32).unwrap();
+                t.flatten_all().unwrap().to_vec1().unwrap()
+            };
+            let want = values(&gather_rows(&t, &src).unwrap());
             let view = t.clone();
             assert!(permute_rows_in_place(&t, &src).unwrap());
-            let got: Vec<f32> = view
-                .to_dtype(candle_core::DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            assert_eq!(got, want, "{dtype:?}: in the shared storage");
+            assert_eq!(values(&view), want, "{dtype:?}: in the shared storage");
         }
         let t = Tensor::zeros((3, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
         for bad in [&[0u32, 0, 1][..], &[0, 1], &[0, 1, 3]] {
