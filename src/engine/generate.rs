@@ -267,12 +267,11 @@ impl Engine {
                 .with_context(|| format!("layer {layer}: arranging the chosen neurons"))?;
             Ok(Some(b.mlp.front()?.gated(keep)?))
         };
-        // Layers that move their neurons in place (bundles, on the CPU) are
+        // When every layer moves its neurons in place (the CPU), layers are
         // arranged on rayon's threads, several at once: no copy of a layer
         // is made, so the memory plan's one-layer transient still holds.
-        // Rows gather a copy per matrix: one layer at a time.
-        let in_place = self.model.device().is_cpu()
-            && self.model.blocks.iter().all(|b| b.mlp.arranges_in_place());
+        // Elsewhere each layer gathers copies: one layer at a time.
+        let in_place = self.model.blocks.iter().all(|b| b.mlp.arranges_in_place());
         if !in_place {
             let layers = chosen.iter().zip(self.model.blocks.iter_mut());
             return layers.enumerate().map(one).collect();

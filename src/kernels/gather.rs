@@ -150,25 +150,38 @@ pub fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
     }
 }
 
+/// Whether `src` names each of `0..n` once.
+pub fn is_permutation(src: impl ExactSizeIterator<Item = usize>, n: usize) -> bool {
+    let mut seen = vec![false; n];
+    src.len() == n
+        && src
+            .into_iter()
+            .all(|s| s < n && !std::mem::replace(&mut seen[s], true))
+}
+
+/// Whether [`permute_rows_in_place`] moves `t`'s rows in its own storage:
+/// a contiguous CPU tensor of f32, f16 or bf16.
+pub fn permutes_in_place(t: &Tensor) -> bool {
+    use candle_core::DType;
+    t.device().is_cpu()
+        && t.is_contiguous()
+        && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
+
 /// Stores row `src[i]` of the 2-D tensor `t` at row `i`, in `t`'s own
 /// storage (clones and views of `t` see the move): no copy of the matrix,
-/// one row of scratch. Returns `false`, with nothing done, unless `t` is a
-/// contiguous CPU matrix of f32, f16 or bf16 (the caller gathers a copy
-/// instead); refuses `src` unless it is a permutation of `t`'s rows.
+/// one row of scratch. Returns `false`, with nothing done, unless
+/// [`permutes_in_place`] (the caller gathers a copy instead); refuses `src`
+/// unless it is a permutation of `t`'s rows.
 pub fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
     let (n, k) = t.dims2()?;
-    let mut seen = vec![false; n];
-    if src.len() != n
-        || src
-            .iter()
-            .any(|&r| r as usize >= n || std::mem::replace(&mut seen[r as usize], true))
-    {
+    if !is_permutation(src.iter().map(|&r| r as usize), n) {
         candle_core::bail!(
             "permute_rows: {} indices are not a permutation of {n} rows",
             src.len()
         );
     }
-    if !t.device().is_cpu() || !t.is_contiguous() {
+    if !permutes_in_place(t) {
         return Ok(false);
     }
     struct Permute(Vec<usize>, usize);
@@ -196,10 +209,6 @@ pub fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
             permute_in_place(buf, &self.0, self.1 * size);
             Ok(())
         }
-    }
-    match t.dtype() {
-        candle_core::DType::F32 | candle_core::DType::F16 | candle_core::DType::BF16 => {}
-        _ => return Ok(false),
     }
     t.inplace_op1(&Permute(src.iter().map(|&r| r as usize).collect(), k))?;
     Ok(true)

@@ -12,7 +12,7 @@
 //! ([`crate::kernels::gemm`]), or on AVX-512 VNNI runs the gate and up rows
 //! on 8-bit activations.
 
-use crate::kernels::gather::permute_in_place;
+use crate::kernels::gather::{is_permutation, permute_in_place};
 use crate::kernels::gemm::{self, Out, Rhs, View};
 use crate::kernels::planar::{self, RowForm};
 use crate::kernels::quads::{self, QUAD};
@@ -367,19 +367,13 @@ impl Bundles {
     }
 }
 
-/// `buf`'s bundles (of `bb` bytes) in the order `src` (a permutation):
-/// bundle `src[i]` moves to `i`, each cycle followed once, one bundle of
-/// scratch.
-/// Refuses `src` unless it is a permutation of `0..n`.
+/// Refuses `src` unless it is a permutation of `0..n` bundles.
 fn check_permutation(src: &[usize], n: usize) -> Result<()> {
-    let mut seen = vec![false; n];
-    for &s in src {
-        if s >= n || std::mem::replace(&mut seen[s], true) {
-            bail!("{src:?} is not a permutation of {n} bundles");
-        }
-    }
     if src.len() != n {
         bail!("a permutation of {n} bundles names {}", src.len());
+    }
+    if !is_permutation(src.iter().copied(), n) {
+        bail!("{src:?} is not a permutation of {n} bundles");
     }
     Ok(())
 }

@@ -217,18 +217,16 @@ impl Mlp {
     }
 
     /// Whether [`Mlp::arrange`] moves the neurons within their own buffer,
-    /// with no copy of the layer (neuron bundles; rows are gathered into a
-    /// copy of a matrix, one at a time).
+    /// with no copy of the layer: bundles always; rows where both matrices
+    /// permute in place ([`crate::kernels::gather::permutes_in_place`];
+    /// else a gathered copy per matrix).
     pub fn arranges_in_place(&self) -> bool {
+        use crate::kernels::gather::permutes_in_place;
         match &self.store {
             Store::Bundles(_) => true,
-            Store::Rows { gate_up, down_t } => gate_up.dense_weight().is_some_and(|g| {
-                [g, down_t].iter().all(|t| {
-                    t.device().is_cpu()
-                        && t.is_contiguous()
-                        && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
-                })
-            }),
+            Store::Rows { gate_up, down_t } => gate_up
+                .dense_weight()
+                .is_some_and(|g| permutes_in_place(g) && permutes_in_place(down_t)),
         }
     }
 
