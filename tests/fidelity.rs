@@ -173,11 +173,56 @@ fn a_bad_candidate_is_refused_naming_the_key_or_parameter() {
         ("mode=coreinfer,phi=0.5,drop=1:-1", "layer_drop[1]"),
         ("mode=coreinfer,phi=0.5,drop=1:x", "`x` is not a number"),
         ("dense=0:a", "`a` is not a number"),
+        ("screen=x", "screen"),
+        ("screen=-1", "is not a row count"),
     ] {
         let e = format!("{:#}", fidelity::candidate_spec(&s, bad).unwrap_err());
         assert!(e.contains(named), "{bad}: {e}");
         assert!(e.contains(bad), "{bad}: {e}");
     }
+}
+
+#[test]
+fn the_head_screen_keeps_the_greedy_tokens_and_with_every_row_exact_is_dense() {
+    let opts = FidelityOptions {
+        limit: 3,
+        tokens: 8,
+        ..opts()
+    };
+    let mut reference = spec().load().unwrap();
+    let vocab = reference.model.config().vocab_size;
+    let mut report = |k: usize| {
+        let s = fidelity::candidate_spec(&spec(), &format!("screen={k}")).unwrap();
+        let mut engine = s.load().unwrap();
+        assert_eq!(engine.head_screen_k(), k);
+        let mut c = [Candidate::Ours {
+            engine: &mut engine,
+            selections: vec![],
+            batched: false,
+        }];
+        fidelity::run(&mut reference, &mut c, &opts).unwrap()[0][0].clone()
+    };
+    let dense_bytes = 538e6;
+    // Every row exact: dense's logits (the screen only ranks them).
+    let all = report(vocab);
+    assert!(all.mean_kl < 1e-9 && all.top1_agreement == 1.0, "{all}");
+    // 16 rows exact: every greedy token is dense's, the tail keeps the
+    // 4-bit logits, and decode reads the screen instead of the lm_head
+    // (113 MB of f32 for 16 MB).
+    let few = report(16);
+    assert_eq!(few.top1_agreement, 1.0, "{few}");
+    assert!(few.mean_kl > 0.0 && few.mean_kl < 0.01, "{few}");
+    assert!(few.decode_bytes_per_token < dense_bytes - 90e6, "{few}");
+    // More rows than the lm_head has: refused at load, naming the knob.
+    let s = fidelity::candidate_spec(&spec(), &format!("screen={}", vocab + 1)).unwrap();
+    let e = match s.load() {
+        Ok(_) => panic!("a screen of {} rows loaded", vocab + 1),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("head_screen") && e.contains(&vocab.to_string()),
+        "{e}"
+    );
 }
 
 #[test]

@@ -31,6 +31,9 @@ pub struct Defaults {
     pub gate_keep: f64,
     /// Which output tokens decode computes ([`VocabRule`]).
     pub vocab: VocabRule,
+    /// lm_head rows computed exactly per step behind a 4-bit screen
+    /// ([`crate::model::head_screen`]); 0: every row exactly.
+    pub head_screen: usize,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -75,6 +78,7 @@ pub const CLI: Defaults = Defaults {
     score: Score::Counts,
     gate_keep: 1.0,
     vocab: VocabRule::All,
+    head_screen: 0,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -191,6 +195,7 @@ impl Defaults {
             max_context: self.max_context,
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
+            head_screen: self.head_screen,
         }
     }
 

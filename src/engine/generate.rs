@@ -34,6 +34,9 @@ pub struct Engine {
     /// Per token, whether the rule keeps it (the prompt check: the
     /// vocabulary's prefix also computes some tokens the rule dropped).
     pub(super) vocab_keep: Option<std::sync::Arc<Vec<bool>>>,
+    /// The lm_head's screen of [`Engine::set_head_screen`], put in force
+    /// per request where it serves ([`Engine::vocab_for`]).
+    pub(super) head_screen: Option<crate::model::head_screen::HeadScreen>,
 }
 
 /// Per-layer MLPs decode runs on for one prompt: views of the chosen rows
@@ -94,6 +97,7 @@ impl Engine {
             prefix: None,
             vocab: None,
             vocab_keep: None,
+            head_screen: None,
         })
     }
 

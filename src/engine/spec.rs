@@ -59,6 +59,10 @@ pub struct EngineSpec {
     /// Which output tokens decode computes (the lm_head's rows).
     #[serde(default)]
     pub vocab: VocabRule,
+    /// lm_head rows computed exactly per step behind a 4-bit screen
+    /// ([`crate::model::head_screen`]); 0: every row exactly.
+    #[serde(default)]
+    pub head_screen: usize,
 }
 
 impl EngineSpec {
@@ -168,6 +172,7 @@ impl EngineSpec {
             Engine::load_with_codec(&spec.model, &spec.load_options()?, spec.method()?, codec)?;
         engine.memory_plan = plan;
         engine.set_vocab(self.vocab)?;
+        engine.set_head_screen(self.head_screen)?;
         Ok(engine)
     }
 
@@ -188,7 +193,13 @@ impl EngineSpec {
                 self.device
             );
         }
-        let fp = Footprint::of(&self.model, &opts)?;
+        let mut fp = Footprint::of(&self.model, &opts)?;
+        if self.head_screen > 0 {
+            // The lm_head's screen is held beside every other weight.
+            let cfg = crate::model::Config::from_file(&self.model.join("config.json"))?;
+            fp.other_weights +=
+                crate::model::head_screen::memory_bytes(cfg.vocab_size, cfg.hidden_size);
+        }
         let plan = MemoryPlan::new(
             mb << 20,
             &fp,

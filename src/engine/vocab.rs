@@ -1,5 +1,7 @@
-//! The engine's output vocabulary ([`crate::method::vocab`]): built from
-//! the tokenizer's bytes, and put in force per request where it serves.
+//! The engine's output layer: its vocabulary ([`crate::method::vocab`]),
+//! built from the tokenizer's bytes, and its screen
+//! ([`crate::model::head_screen`]), both put in force per request where
+//! they serve.
 
 use super::generate::Engine;
 use crate::method::vocab::VocabRule;
@@ -57,10 +59,36 @@ impl Engine {
         self.model.set_output_vocab(None)
     }
 
-    /// Puts the output vocabulary in force for a request of `prompt`, or
-    /// every token where it would not serve: a prompt with a token outside
-    /// it (the reply may need that script) or a grammar (which may allow
-    /// only tokens outside it).
+    /// Screens the lm_head from now on: `k` rows computed exactly per
+    /// step, the rest ranked by a 4-bit copy ([`crate::model::head_screen`]);
+    /// 0 computes every row exactly and frees the copy.
+    pub fn set_head_screen(&mut self, k: usize) -> Result<()> {
+        self.head_screen = match (k, self.head_screen.take()) {
+            (0, _) => None,
+            (k, Some(s)) => Some(s.with_k(k, self.model.config().vocab_size)?),
+            (k, None) => {
+                let s = self.model.build_head_screen(k)?;
+                log::info!(
+                    "head_screen {k}: a 4-bit copy of the lm_head ({:.1} MB) ranks its rows, {k} computed exactly",
+                    s.bytes() as f64 / 1e6
+                );
+                Some(s)
+            }
+        };
+        self.model.set_head_screen(None)
+    }
+
+    /// The rows the lm_head's screen computes exactly (0: no screen).
+    pub fn head_screen_k(&self) -> usize {
+        self.head_screen.as_ref().map_or(0, |s| s.k())
+    }
+
+    /// Puts the output vocabulary and the lm_head's screen in force for a
+    /// request of `prompt`, or every token exactly where they would not
+    /// serve: the vocabulary for a prompt with a token outside it (the
+    /// reply may need that script), both for a grammar (which may allow
+    /// only tokens outside them: the greedy choice among the tokens it
+    /// allows must be the exact head's).
     pub(super) fn vocab_for(&mut self, prompt: &[u32], constrained: bool) -> Result<()> {
         let inside = |t: u32| match (&self.vocab_keep, &self.vocab) {
             (Some(keep), _) => keep.get(t as usize).copied().unwrap_or(false),
@@ -74,6 +102,8 @@ impl Engine {
         if self.vocab.is_some() && v.is_none() {
             log::debug!("this request decodes over the whole vocabulary");
         }
-        self.model.set_output_vocab(v)
+        self.model.set_output_vocab(v)?;
+        let screen = self.head_screen.clone().filter(|_| !constrained);
+        self.model.set_head_screen(screen)
     }
 }

@@ -301,15 +301,50 @@ impl Linear {
         self.add_bias(y)
     }
 
+    /// One row on the CPU, the output rows `ids` alone (ascending, each
+    /// once): `[ids.len()]`, bias added.
+    pub fn forward_row_ids(&self, x: &[f32], ids: &[u32]) -> Result<Vec<f32>> {
+        let (out, k) = self.dims()?;
+        if x.len() != k
+            || ids.windows(2).any(|w| w[0] >= w[1])
+            || ids.last().is_some_and(|&i| i as usize >= out)
+        {
+            bail!("linear layer [{out}, {k}] given a row of {} and rows {ids:?} (ascending, below {out})", x.len());
+        }
+        let mut y = vec![0f32; ids.len()];
+        match &self.weight {
+            Weights::Dense(w) => crate::kernels::with_weight(w, |w| {
+                w.matvec_ids(ids, x, &mut y);
+                Ok(())
+            })?,
+            Weights::Quant(q) => q.matvec_subset(&Q8Act::quantize(x), &mut [], ids, &mut y),
+        }
+        if let Some(b) = &self.bias {
+            crate::kernels::with_f32(b, |b| {
+                y.iter_mut()
+                    .zip(ids)
+                    .for_each(|(y, &i)| *y += b[i as usize]);
+                Ok(())
+            })?;
+        }
+        Ok(y)
+    }
+
     /// `y` with the bias added (−∞ entries stay −∞).
     fn add_bias(&self, mut y: Vec<f32>) -> Result<Vec<f32>> {
+        self.add_bias_to(&mut y)?;
+        Ok(y)
+    }
+
+    /// The bias added to `y` (all of the layer's outputs; −∞ stays −∞).
+    pub fn add_bias_to(&self, y: &mut [f32]) -> Result<()> {
         if let Some(b) = &self.bias {
             crate::kernels::with_f32(b, |b| {
                 y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
                 Ok(())
             })?;
         }
-        Ok(y)
+        Ok(())
     }
 
     /// Bytes of weights `rows` of this layer's rows read.

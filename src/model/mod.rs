@@ -14,6 +14,8 @@ pub mod bundles;
 pub mod checkpoint;
 pub mod config;
 pub mod footprint;
+mod head;
+pub mod head_screen;
 pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
@@ -113,6 +115,8 @@ pub struct Model {
     prefill_chunk: usize,
     /// The lm_head rows computed ([`Model::set_output_vocab`]); `None`: all.
     vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
+    /// The lm_head's screen ([`Model::set_head_screen`]); `None`: every row exact.
+    screen: Option<head_screen::HeadScreen>,
 }
 
 impl Model {
@@ -245,6 +249,7 @@ impl Model {
             quant: None,
             prefill_chunk: opts.prefill_chunk,
             vocab: None,
+            screen: None,
         })
     }
 
@@ -335,6 +340,7 @@ impl Model {
             quant: Some(q),
             prefill_chunk: opts.prefill_chunk,
             vocab: None,
+            screen: None,
         })
     }
 
@@ -425,40 +431,6 @@ impl Model {
         KvCache::new(self.blocks.len())
     }
 
-    /// Restricts the logits to the tokens of `vocab` (the others are −∞):
-    /// decode computes only its lm_head rows; other passes compute all and
-    /// mask, which gives the same logits. `None` computes every row.
-    pub fn set_output_vocab(
-        &mut self,
-        vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
-    ) -> Result<()> {
-        if let Some(v) = &vocab {
-            v.check_size(self.cfg.vocab_size)?;
-        }
-        self.vocab = vocab;
-        Ok(())
-    }
-
-    /// The output vocabulary in force, if any.
-    pub fn output_vocab(&self) -> Option<&vocab::OutputVocab> {
-        self.vocab.as_deref()
-    }
-
-    /// `logits [.., vocab]` with the tokens outside the output vocabulary at −∞.
-    fn mask_vocab(&self, logits: Tensor) -> Result<Tensor> {
-        let Some(v) = &self.vocab else {
-            return Ok(logits);
-        };
-        let dims = logits.dims().to_vec();
-        let mut all = logits
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        all.chunks_mut(self.cfg.vocab_size)
-            .for_each(|row| v.mask(row));
-        Ok(Tensor::from_vec(all, dims, logits.device())?)
-    }
-
     /// Bytes of weights read to decode one token: every block, the final
     /// norm and the lm_head's rows computed (one embedding row is negligible).
     pub fn decode_weight_bytes(&self) -> usize {
@@ -475,8 +447,9 @@ impl Model {
             0
         };
         // Only the CPU decode step computes the restricted rows alone.
-        let head = match &self.vocab {
-            Some(v) if self.decodes_on_plain_buffers() => self.lm_head.rows_bytes(v.rows()),
+        let head = match (&self.screen, &self.vocab) {
+            (Some(s), v) => s.step_bytes(&self.lm_head, v.as_deref()),
+            (None, Some(v)) if self.decodes_on_plain_buffers() => self.lm_head.rows_bytes(v.rows()),
             _ => self.lm_head.weight_bytes(),
         };
         blocks + streamed + head
@@ -531,8 +504,22 @@ impl Model {
         }
         let mut parts = Vec::new();
         for chunk in tokens.chunks(self.prefill_chunk) {
-            let x = self.blocks_forward(chunk, cache, None, mlps)?;
-            parts.push(self.lm_head.forward(&self.norm.forward(&x)?)?.squeeze(0)?);
+            let x = self
+                .norm
+                .forward(&self.blocks_forward(chunk, cache, None, mlps)?)?;
+            parts.push(match &self.screen {
+                // Each row through the screen, as decode computes it.
+                Some(_) => {
+                    let h = self.cfg.hidden_size;
+                    let rows = x.flatten_all()?.to_vec1::<f32>()?;
+                    let mut logits = Vec::with_capacity(chunk.len() * self.cfg.vocab_size);
+                    for row in rows.chunks_exact(h) {
+                        logits.extend(self.head_row(row)?);
+                    }
+                    Tensor::from_vec(logits, (chunk.len(), self.cfg.vocab_size), &self.device)?
+                }
+                None => self.lm_head.forward(&x)?.squeeze(0)?,
+            });
         }
         self.mask_vocab(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
     }
@@ -591,8 +578,12 @@ impl Model {
             x = Some(self.blocks_forward(chunk, cache, observe.as_deref_mut(), mlps)?);
         }
         let x = x.expect("tokens is not empty");
-        let last = x.narrow(1, x.dim(1)? - 1, 1)?;
-        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
+        let last = self.norm.forward(&x.narrow(1, x.dim(1)? - 1, 1)?)?;
+        if self.screen.is_some() {
+            let logits = self.head_row(&last.flatten_all()?.to_vec1::<f32>()?)?;
+            return Ok(Tensor::from_vec(logits, self.cfg.vocab_size, &self.device)?);
+        }
+        let logits = self.lm_head.forward(&last)?;
         self.mask_vocab(logits.flatten_all()?)
     }
 
@@ -632,10 +623,7 @@ impl Model {
         }
         let mut normed = vec![0f32; h];
         self.norm.forward_row(&x, &mut normed)?;
-        let logits = match &self.vocab {
-            Some(v) => self.lm_head.forward_row_subset(&normed, v)?,
-            None => self.lm_head.forward_row(&normed)?,
-        };
+        let logits = self.head_row(&normed)?;
         Ok(Tensor::from_vec(logits, self.cfg.vocab_size, &self.device)?)
     }
 

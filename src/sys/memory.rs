@@ -33,20 +33,31 @@ pub fn anon_huge_page_bytes() -> u64 {
     proc_kib("smaps_rollup", "AnonHugePages:") * 1024
 }
 
-/// Measures read bandwidth (GB/s, 1e9 bytes) by summing a `bytes`-sized f32
-/// buffer (on huge pages where the system has them) with rayon's threads;
-/// best of `repeats` passes after one warm pass.
-pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
-    let n = bytes / 4;
-    // On huge pages, like the weights (`crate::sys::hugepages`): the roofline is
-    // the best this machine's memory delivers.
-    let mut data: Vec<f32> = Vec::with_capacity(n);
-    crate::sys::hugepages::advise(data.as_ptr().cast(), bytes);
-    data.extend((0..n).map(|i| (i % 7) as f32));
-    let chunk = n.div_ceil(rayon::current_num_threads().max(1) * 8);
-    let mut best = f64::INFINITY;
-    let mut sink = 0f32;
-    for pass in 0..=repeats {
+/// A buffer to measure read bandwidth with: summed by rayon's threads, on
+/// huge pages where the system has them (like the weights,
+/// `crate::sys::hugepages`), so that it shows the best this machine's memory
+/// delivers. Holding it keeps its memory resident.
+pub struct BandwidthProbe {
+    data: Vec<f32>,
+}
+
+impl BandwidthProbe {
+    /// A probe over `bytes` bytes (well past the last-level cache), filled.
+    pub fn new(bytes: usize) -> Self {
+        let n = bytes / 4;
+        let mut data: Vec<f32> = Vec::with_capacity(n);
+        crate::sys::hugepages::advise(data.as_ptr().cast(), n * 4);
+        data.extend((0..n).map(|i| (i % 7) as f32));
+        let probe = Self { data };
+        // One warm pass: page faults, thread pool.
+        probe.pass();
+        probe
+    }
+
+    /// One timed pass over the buffer: read bandwidth, GB/s (1e9 bytes).
+    pub fn pass(&self) -> f64 {
+        let data = &self.data;
+        let chunk = data.len().div_ceil(rayon::current_num_threads().max(1) * 8);
         let t = Instant::now();
         let s: f32 = data
             .par_chunks(chunk)
@@ -62,13 +73,25 @@ pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
             })
             .sum();
         let dt = t.elapsed().as_secs_f64();
-        sink += s;
-        if pass > 0 {
-            best = best.min(dt);
-        }
+        std::hint::black_box(s);
+        (data.len() * 4) as f64 / dt / 1e9
     }
-    std::hint::black_box(sink);
-    bytes as f64 / best / 1e9
+
+    /// The median of `passes` passes, GB/s.
+    pub fn median(&self, passes: usize) -> f64 {
+        let mut v: Vec<f64> = (0..passes.max(1)).map(|_| self.pass()).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+}
+
+/// Measures read bandwidth (GB/s, 1e9 bytes) over a `bytes`-sized buffer
+/// ([`BandwidthProbe`]): the best of `repeats` passes after one warm pass.
+pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
+    let probe = BandwidthProbe::new(bytes);
+    (0..repeats.max(1))
+        .map(|_| probe.pass())
+        .fold(0.0, f64::max)
 }
 
 /// Keeps the allocator from holding freed transients as resident memory.

@@ -47,8 +47,9 @@ pub enum Candidate<'a> {
 /// The engine `spec` describes, with the `key=value` pairs of `candidate`
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
 /// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
-/// `vocab`, `dense` (layers kept whole, `:`-separated) and `drop` (the
-/// per-layer weights of `layer_drop`, `:`-separated).
+/// `vocab`, `screen` (`head_screen`: lm_head rows computed exactly behind
+/// its 4-bit screen), `dense` (layers kept whole, `:`-separated) and `drop`
+/// (the per-layer weights of `layer_drop`, `:`-separated).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
     for pair in candidate
@@ -88,10 +89,15 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "score" => p.score = value.parse().with_context(named)?,
             "keep" | "gate_keep" => p.gate_keep = ratio()?,
             "vocab" => s.vocab = value.parse().with_context(named)?,
+            "screen" | "head_screen" => {
+                s.head_screen = value.parse().with_context(|| {
+                    format!("candidate `{candidate}`: {key} = `{value}` is not a row count")
+                })?
+            }
             "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, dense, drop)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, dense, drop)"
             ),
         }
     }

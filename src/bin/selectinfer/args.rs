@@ -36,6 +36,11 @@ pub struct ModelArgs {
     /// a prompt with a token outside gets all).
     #[arg(long, default_value_t = CLI.vocab)]
     pub vocab: VocabRule,
+    /// lm_head rows computed exactly per step: a 4-bit copy of the lm_head
+    /// ranks its rows and the best K are computed from the weights (the
+    /// others keep the copy's logits); 0 computes every row exactly.
+    #[arg(long, default_value_t = CLI.head_screen)]
+    pub head_screen: usize,
     #[command(flatten)]
     pub method: MethodArgs,
 }
@@ -84,6 +89,12 @@ pub struct MethodArgs {
 }
 
 impl ModelArgs {
+    /// Whether these flags ask for the model as it is: dense, every output
+    /// row computed exactly (all another engine can run).
+    pub fn plain(&self) -> bool {
+        self.method.mode == Mode::Dense && self.vocab == VocabRule::All && self.head_screen == 0
+    }
+
     /// The engine these flags describe (shared with the ROS node).
     pub fn spec(&self) -> EngineSpec {
         let m = &self.method;
@@ -109,6 +120,7 @@ impl ModelArgs {
             max_context: self.max_context,
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
+            head_screen: self.head_screen,
         }
     }
 }

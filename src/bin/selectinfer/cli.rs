@@ -188,7 +188,8 @@ pub enum Command {
         /// Tokens decoded per prompt.
         #[arg(long, default_value_t = defaults::BENCH_NEW_TOKENS)]
         new_tokens: usize,
-        /// Also measure memory read bandwidth and report % of the roofline.
+        /// Also measure memory read bandwidth and report % of the roofline
+        /// (best pass apart from the decode, and around each prompt's decode).
         #[arg(long)]
         bandwidth: bool,
         #[arg(long)]

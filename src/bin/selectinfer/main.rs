@@ -82,9 +82,8 @@ fn run(cli: Cli) -> Result<()> {
             prompts_only,
             json,
         } => {
-            let plain = model.method.mode == Mode::Dense && model.vocab == Default::default();
-            if kind == BenchEngine::CandleGguf && !plain {
-                bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode or --vocab");
+            if kind == BenchEngine::CandleGguf && !model.plain() {
+                bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode, --vocab or --head-screen");
             }
             let mut engine: Box<dyn Generator> = match kind {
                 BenchEngine::Dense => Box::new(model.spec().load()?),
@@ -128,6 +127,7 @@ fn run(cli: Cli) -> Result<()> {
                 dtype: reference_dtype,
                 mode: Mode::Dense,
                 vocab: Default::default(),
+                head_screen: 0,
                 ..spec.clone()
             }
             .load()?;
@@ -218,14 +218,14 @@ fn run(cli: Cli) -> Result<()> {
             let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.model)?;
             let (spec, _) = model.spec().planned()?;
             drop(codec);
-            // The device first: a missing one is the error to report.
-            let load = spec.load_options()?;
+            let load = spec.load_options()?; // first: a missing device is the error to report
             let opts = BenchOptions {
                 method: spec.method()?,
                 engine,
                 new_tokens,
                 measure_bandwidth: bandwidth,
                 vocab: spec.vocab,
+                head_screen: spec.head_screen,
             };
             let report = bench::run(&spec.model, &load, &opts)?;
             match json {

@@ -120,6 +120,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::OneOf(names::<VocabRule>),
     ),
     spec(
+        "head_screen",
+        "lm_head rows computed exactly per token: a 4-bit copy of the lm_head ranks its rows and the best N are computed from the weights (the rest keep the copy's logits; a grammar request gets every row); 0 = every row exactly; CPU (load-time)",
+        false,
+        Values::Int(0, i64::MAX),
+    ),
+    spec(
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
         false,

@@ -189,6 +189,7 @@ impl NodeParams {
                 let s = string(name, v)?;
                 e.vocab = s.parse().context("parameter vocab")?;
             }
+            "head_screen" => e.head_screen = non_negative(name, v)?.unwrap_or(0) as usize,
             "dense_layers" => {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
@@ -267,6 +268,7 @@ impl NodeParams {
             "gate_keep" => ParameterValue::Double(e.params.gate_keep),
             "layer_drop" => ParameterValue::DoubleArray(e.params.layer_drop.clone()),
             "vocab" => ParameterValue::String(e.vocab.name().into()),
+            "head_screen" => ParameterValue::Integer(e.head_screen as i64),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(e.dtype.name().into()),
@@ -309,7 +311,7 @@ impl NodeParams {
         };
         format!(
             "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, gate_keep {}, \
-             vocab {}, dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
+             vocab {}, head_screen {}, dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
             e.model.display(),
             e.dtype,
             e.device,
@@ -322,6 +324,7 @@ impl NodeParams {
             p.score,
             p.gate_keep,
             e.vocab,
+            e.head_screen,
             p.dense_layers,
             self.queue_depth
         )
@@ -489,6 +492,7 @@ mod tests {
             "layer_drop [0.0, 1.5]",
             "score counts",
             "vocab all",
+            "head_screen 0",
             "gate_keep",
         ] {
             assert!(line.contains(part), "{part} missing: {line}");
