@@ -36,9 +36,10 @@ MODELS = ["models/smollm2-135m-instruct", "models/qwen2.5-coder-0.5b-instruct"]
 # (dtype, mode, vocab) of our engine; γ0.7 φ0.4 for selectinfer (the
 # defaults). `--rows q4:selectinfer:latin ...` picks others; a fourth
 # field `blocks` keeps the rows as whole blocks (SELECTINFER_ROWS=blocks:
-# no planar rows), to compare the two forms in one run.
-ROWS = [("f16", "dense", "all", ""), ("q8", "dense", "all", ""), ("q4", "dense", "all", ""),
-        ("q4", "selectinfer", "all", "")]
+# no planar rows), to compare the two forms in one run; a fifth, K, screens
+# the lm_head (`--head-screen K`), e.g. `q4:dense:all::64`.
+ROWS = [("f16", "dense", "all", "", "0"), ("q8", "dense", "all", "", "0"),
+        ("q4", "dense", "all", "", "0"), ("q4", "selectinfer", "all", "", "0")]
 SEL = ["--task", "qa", "--load-ratio", "0.7", "--static-ratio", "0.2",
        "--compute-ratio", "0.4", "--token-ratio", "0.2"]
 
@@ -49,13 +50,14 @@ def run_json(cmd, env=None):
     return json.loads(out.stdout)
 
 
-def ours(args, model, dtype, mode, vocab, form):
+def ours(args, model, dtype, mode, vocab, form, screen):
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
                SELECTINFER_THREADS=str(args.threads))
     if form:
         env["SELECTINFER_ROWS"] = form
     cmd = [args.bin, "bench", "--model", model, "--dtype", dtype, "--mode", mode,
-           "--vocab", vocab, "--new-tokens", str(args.new_tokens), "--json"] + SEL
+           "--vocab", vocab, "--head-screen", screen or "0", "--new-tokens", str(args.new_tokens),
+           "--json"] + SEL
     return run_json(cmd, env)
 
 
@@ -91,24 +93,24 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "quant.json"))
-    ap.add_argument("--rows", nargs="+", metavar="DTYPE:MODE[:VOCAB[:blocks|planar]]",
+    ap.add_argument("--rows", nargs="+", metavar="DTYPE:MODE[:VOCAB[:blocks|planar[:K]]]",
                     help="our rows (default: " + " ".join(":".join(r) for r in ROWS) + ")")
     args = ap.parse_args()
     rows = ROWS
     if args.rows:
-        rows = [tuple((r.split(":") + ["all", ""][len(r.split(":")) - 2:])[:4])
+        rows = [tuple((r.split(":") + ["all", "", "0"][len(r.split(":")) - 2:])[:5])
                 for r in args.rows]
     runs = {}
     for _ in range(args.rounds):
         for model in args.models:
             ids = None
-            for dtype, mode, vocab, form in rows:
-                rep = ours(args, model, dtype, mode, vocab, form)
+            for dtype, mode, vocab, form, screen in rows:
+                rep = ours(args, model, dtype, mode, vocab, form, screen)
                 ids = ids or rep["prompt_token_ids"]
                 if rep["prompt_token_ids"] != ids:
                     sys.exit(f"{model}: rows were given different prompt token ids")
-                runs.setdefault((model, dtype, mode, vocab, form), []).append(rep)
-            runs.setdefault((model, "gguf", "llama.cpp", "", ""), []).append(
+                runs.setdefault((model, dtype, mode, vocab, form, screen), []).append(rep)
+            runs.setdefault((model, "gguf", "llama.cpp", "", "", "0"), []).append(
                 llamacpp(args, model, ids))
     print("| model | engine | dtype, mode | decode tok/s | × llama.cpp | per round × (median, range) "
           "| per round × with the arrangement | TTFT s | × llama.cpp | peak RSS MiB "
@@ -116,23 +118,25 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for model in args.models:
-        ref = median_by_decode(runs[(model, "gguf", "llama.cpp", "", "")])
-        for dtype, mode, vocab, form in rows + [("gguf", "llama.cpp", "", "")]:
-            reps = runs[(model, dtype, mode, vocab, form)]
+        llama = runs[(model, "gguf", "llama.cpp", "", "", "0")]
+        ref = median_by_decode(llama)
+        for dtype, mode, vocab, form, screen in rows + [("gguf", "llama.cpp", "", "", "0")]:
+            reps = runs[(model, dtype, mode, vocab, form, screen)]
             r = median_by_decode(reps)
             ours_row = mode != "llama.cpp"
             # Each round against llama.cpp in the same round (the pairs the
             # alternation makes): the spread a single median hides.
             paired = sorted(a["decode_tokens_per_s"] / b["decode_tokens_per_s"]
-                            for a, b in zip(reps, runs[(model, "gguf", "llama.cpp", "", "")]))
+                            for a, b in zip(reps, llama))
             spread = (f"{paired[len(paired) // 2]:.2f} ({paired[0]:.2f}–{paired[-1]:.2f})"
                       if ours_row else "–")
             arranged = sorted(with_arrangement(a, args.new_tokens) / b["decode_tokens_per_s"]
-                              for a, b in zip(reps, runs[(model, "gguf", "llama.cpp", "", "")]))
+                              for a, b in zip(reps, llama))
             spread_arranged = (f"{arranged[len(arranged) // 2]:.2f} "
                                f"({arranged[0]:.2f}–{arranged[-1]:.2f})" if ours_row else "–")
             label = f"{dtype}, {mode}" + (f", vocab {vocab}" if vocab not in ("all", "") else "")
             label += {"blocks": ", whole-block rows", "planar": ", planar rows (no quads)"}.get(form, "")
+            label += f", head_screen {screen}" if screen not in ("0", "") else ""
             cells = [os.path.basename(model), "selectinfer" if ours_row else "llama.cpp",
                      label if ours_row else "its GGUF",
                      f"{r['decode_tokens_per_s']:.1f}",
@@ -148,7 +152,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "table": table,
                    "runs": [{"model": k[0], "dtype": k[1], "mode": k[2], "vocab": k[3],
-                             "rows": k[4] or "default", "reports": v}
+                             "rows": k[4] or "default", "head_screen": int(k[5] or 0), "reports": v}
                             for k, v in runs.items()]}, f, indent=1)
 
 

@@ -102,6 +102,10 @@ pub const CLI: Defaults = Defaults {
 /// computes all of it; switch to selectinfer on larger models.
 pub const NODE: Defaults = Defaults {
     mode: Mode::LoadOnly,
+    // The lm_head's 16 best rows computed exactly behind its 4-bit screen:
+    // every greedy token dense's on SmolLM2's dev prompts, 18 % fewer
+    // decode bytes (docs/RESULTS.md, "The lm_head screen").
+    head_screen: 16,
     load_ratio: 0.9,
     static_ratio: 0.3,
     compute_ratio: 0.7,

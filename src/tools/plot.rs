@@ -38,18 +38,33 @@ pub fn method_of(name: &str) -> String {
     let gated = get("keep").is_some_and(|k| k.parse::<f64>().is_ok_and(|k| k < 1.0));
     let gamma = get("gamma").map(|g| format!(" γ{g}")).unwrap_or_default();
     let every = get("phi").is_some_and(|p| p.parse::<f64>().is_ok_and(|p| p >= 1.0));
-    match (mode.as_str(), gated) {
+    // The output layer's and the budgets' knobs that change the method.
+    let mut extra = String::new();
+    if let Some(v) = get("vocab").filter(|v| v != "all") {
+        extra += &format!(" + vocab {v}");
+    }
+    if get("drop").or(get("layer_drop")).is_some() {
+        extra += " + layer_drop";
+    }
+    if get("screen")
+        .or(get("head_screen"))
+        .is_some_and(|k| k.parse::<usize>().is_ok_and(|k| k > 0))
+    {
+        extra += " + head_screen";
+    }
+    let method: String = match (mode.as_str(), gated) {
         ("dense", _) => "dense".into(),
         ("coreinfer", true) if every => "per-token gate alone (every neuron's gate)".into(),
         ("coreinfer", false) if score == "counts" => "coreinfer (paper's counts, full load)".into(),
         ("selectinfer", false) if score == "counts" => format!("selectinfer{gamma} (the paper's)"),
         (m, false) => format!("{m}{gamma} {score}"),
         (m, true) => format!("{m}{gamma} {score} + per-token gate"),
-    }
+    };
+    method + &extra
 }
 
 /// The points of fidelity JSON files; the speed-up is against the file's
-/// `mode=dense` candidate.
+/// plain `mode=dense` candidate (every output row exact, no vocabulary).
 pub fn points(files: &[&Path]) -> Result<Vec<Point>> {
     let mut out = Vec::new();
     for f in files {
@@ -173,6 +188,12 @@ mod tests {
         assert_eq!(
             method_of("mode=coreinfer,phi=0.8,keep=1"),
             "coreinfer (paper's counts, full load)"
+        );
+        assert_eq!(method_of("mode=dense,screen=64"), "dense + head_screen");
+        assert_eq!(method_of("mode=dense,screen=0,vocab=all"), "dense");
+        assert_eq!(
+            method_of("mode=coreinfer,phi=0.85,score=wina,vocab=latin,screen=64,drop=0:1"),
+            "coreinfer wina + vocab latin + layer_drop + head_screen"
         );
     }
 }
