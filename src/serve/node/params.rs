@@ -492,7 +492,7 @@ mod tests {
             "layer_drop [0.0, 1.5]",
             "score counts",
             "vocab all",
-            "head_screen 0",
+            "head_screen 16",
             "gate_keep",
         ] {
             assert!(line.contains(part), "{part} missing: {line}");
