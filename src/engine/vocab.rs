@@ -61,10 +61,17 @@ impl Engine {
 
     /// Screens the lm_head from now on: `k` rows computed exactly per
     /// step, the rest ranked by a 4-bit copy ([`crate::model::head_screen`]);
-    /// 0 computes every row exactly and frees the copy.
+    /// 0 computes every row exactly and frees the copy. Off a CPU the
+    /// whole head is computed (the screen is a CPU decode's saving; the
+    /// node's default asks for one), with a warning.
     pub fn set_head_screen(&mut self, k: usize) -> Result<()> {
+        let device = self.model.device().clone();
+        if k > 0 && !device.is_cpu() {
+            log::warn!("head_screen {k} ignored on {device:?}: every lm_head row is computed");
+        }
         self.head_screen = match (k, self.head_screen.take()) {
             (0, _) => None,
+            _ if !device.is_cpu() => None,
             (k, Some(s)) => Some(s.with_k(k, self.model.config().vocab_size)?),
             (k, None) => {
                 let s = self.model.build_head_screen(k)?;

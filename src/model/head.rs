@@ -44,11 +44,6 @@ impl Model {
         Ok(())
     }
 
-    /// The lm_head's screen in force, if any.
-    pub fn head_screen(&self) -> Option<&head_screen::HeadScreen> {
-        self.screen.as_ref()
-    }
-
     /// The logits of one normed row: the lm_head's, through the screen and
     /// the output vocabulary in force.
     pub(super) fn head_row(&self, normed: &[f32]) -> Result<Vec<f32>> {
