@@ -77,6 +77,11 @@ impl BandwidthProbe {
         (data.len() * 4) as f64 / dt / 1e9
     }
 
+    /// The best of `passes` passes, GB/s: the roofline.
+    pub fn best(&self, passes: usize) -> f64 {
+        (0..passes.max(1)).map(|_| self.pass()).fold(0.0, f64::max)
+    }
+
     /// The median of `passes` passes, GB/s.
     pub fn median(&self, passes: usize) -> f64 {
         let mut v: Vec<f64> = (0..passes.max(1)).map(|_| self.pass()).collect();
@@ -88,10 +93,7 @@ impl BandwidthProbe {
 /// Measures read bandwidth (GB/s, 1e9 bytes) over a `bytes`-sized buffer
 /// ([`BandwidthProbe`]): the best of `repeats` passes after one warm pass.
 pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
-    let probe = BandwidthProbe::new(bytes);
-    (0..repeats.max(1))
-        .map(|_| probe.pass())
-        .fold(0.0, f64::max)
+    BandwidthProbe::new(bytes).best(repeats)
 }
 
 /// Keeps the allocator from holding freed transients as resident memory.

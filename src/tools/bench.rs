@@ -263,7 +263,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
     let (mut paired_roofline_percents, mut paired_bandwidths_gb_s) = (Vec::new(), Vec::new());
     if opts.measure_bandwidth {
         let probe = memory::BandwidthProbe::new(1 << 30);
-        bandwidth = Some((0..5).map(|_| probe.pass()).fold(0.0, f64::max));
+        bandwidth = Some(probe.best(5));
         for p in &prompts {
             let before = probe.median(3);
             let run = run_prompt(p, opts.new_tokens)?;
