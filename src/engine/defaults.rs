@@ -9,6 +9,7 @@ use super::spec::EngineSpec;
 use crate::method::params::Score;
 use crate::method::vocab::VocabRule;
 use crate::method::{Mode, SelectionParams};
+use crate::model::head_screen::ScreenBits;
 use crate::model::{FfnRows, LoadOptions};
 use crate::sys::device::WeightDtype;
 use candle_core::Device;
@@ -31,9 +32,11 @@ pub struct Defaults {
     pub gate_keep: f64,
     /// Which output tokens decode computes ([`VocabRule`]).
     pub vocab: VocabRule,
-    /// lm_head rows computed exactly per step behind a 4-bit screen
+    /// lm_head rows computed exactly per step behind a low-bit screen
     /// ([`crate::model::head_screen`]); 0: every row exactly.
     pub head_screen: usize,
+    /// Bits a weight of the screen's copy takes.
+    pub head_screen_bits: ScreenBits,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -79,6 +82,7 @@ pub const CLI: Defaults = Defaults {
     gate_keep: 1.0,
     vocab: VocabRule::All,
     head_screen: 0,
+    head_screen_bits: ScreenBits::Four,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -200,6 +204,7 @@ impl Defaults {
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
             head_screen: self.head_screen,
+            head_screen_bits: self.head_screen_bits,
         }
     }
 

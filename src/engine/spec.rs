@@ -9,6 +9,7 @@ use crate::method::budget::MemoryPlan;
 use crate::method::vocab::VocabRule;
 use crate::method::{Method, Mode, SelectionParams};
 use crate::model::footprint::Footprint;
+use crate::model::head_screen::ScreenBits;
 use crate::model::LoadOptions;
 use crate::sys::device::{parse_device, WeightDtype};
 use anyhow::{bail, Context, Result};
@@ -59,10 +60,13 @@ pub struct EngineSpec {
     /// Which output tokens decode computes (the lm_head's rows).
     #[serde(default)]
     pub vocab: VocabRule,
-    /// lm_head rows computed exactly per step behind a 4-bit screen
+    /// lm_head rows computed exactly per step behind a low-bit screen
     /// ([`crate::model::head_screen`]); 0: every row exactly.
     #[serde(default)]
     pub head_screen: usize,
+    /// Bits a weight of the screen's copy takes (4 or 2).
+    #[serde(default)]
+    pub head_screen_bits: ScreenBits,
 }
 
 impl EngineSpec {
@@ -172,7 +176,7 @@ impl EngineSpec {
             Engine::load_with_codec(&spec.model, &spec.load_options()?, spec.method()?, codec)?;
         engine.memory_plan = plan;
         engine.set_vocab(self.vocab)?;
-        engine.set_head_screen(self.head_screen)?;
+        engine.set_head_screen(self.head_screen, self.head_screen_bits)?;
         Ok(engine)
     }
 
@@ -197,8 +201,11 @@ impl EngineSpec {
         if self.head_screen > 0 {
             // The lm_head's screen is held beside every other weight.
             let cfg = crate::model::Config::from_file(&self.model.join("config.json"))?;
-            fp.other_weights +=
-                crate::model::head_screen::memory_bytes(cfg.vocab_size, cfg.hidden_size);
+            fp.other_weights += crate::model::head_screen::memory_bytes(
+                cfg.vocab_size,
+                cfg.hidden_size,
+                self.head_screen_bits,
+            );
         }
         let plan = MemoryPlan::new(
             mb << 20,

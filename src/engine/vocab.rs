@@ -5,6 +5,7 @@
 
 use super::generate::Engine;
 use crate::method::vocab::VocabRule;
+use crate::model::head_screen::ScreenBits;
 use crate::model::vocab::OutputVocab;
 use anyhow::{bail, Context, Result};
 
@@ -60,11 +61,11 @@ impl Engine {
     }
 
     /// Screens the lm_head from now on: `k` rows computed exactly per
-    /// step, the rest ranked by a 4-bit copy ([`crate::model::head_screen`]);
+    /// step, the rest ranked by a copy in `bits` ([`crate::model::head_screen`]);
     /// 0 computes every row exactly and frees the copy. Off a CPU the
     /// whole head is computed (the screen is a CPU decode's saving; the
     /// node's default asks for one), with a warning.
-    pub fn set_head_screen(&mut self, k: usize) -> Result<()> {
+    pub fn set_head_screen(&mut self, k: usize, bits: ScreenBits) -> Result<()> {
         let device = self.model.device().clone();
         if k > 0 && !device.is_cpu() {
             log::warn!("head_screen {k} ignored on {device:?}: every lm_head row is computed");
@@ -72,11 +73,11 @@ impl Engine {
         self.head_screen = match (k, self.head_screen.take()) {
             (0, _) => None,
             _ if !device.is_cpu() => None,
-            (k, Some(s)) => Some(s.with_k(k, self.model.config().vocab_size)?),
-            (k, None) => {
-                let s = self.model.build_head_screen(k)?;
+            (k, Some(s)) if s.bits() == bits => Some(s.with_k(k, self.model.config().vocab_size)?),
+            (k, _) => {
+                let s = self.model.build_head_screen(k, bits)?;
                 log::info!(
-                    "head_screen {k}: a 4-bit copy of the lm_head ({:.1} MB) ranks its rows, {k} computed exactly",
+                    "head_screen {k}: a {bits}-bit copy of the lm_head ({:.1} MB) ranks its rows, {k} computed exactly",
                     s.bytes() as f64 / 1e6
                 );
                 Some(s)

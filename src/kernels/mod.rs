@@ -30,6 +30,7 @@ mod norm;
 pub mod planar;
 pub mod portable;
 mod portable_quant;
+pub mod q2;
 pub mod quads;
 pub mod quant;
 pub mod quant_mlp;
@@ -37,6 +38,8 @@ mod rope;
 pub mod spin_pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_q2;
 #[cfg(target_arch = "x86_64")]
 mod x86_quant;
 #[cfg(target_arch = "x86_64")]

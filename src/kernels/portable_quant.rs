@@ -70,3 +70,19 @@ pub fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+/// `Σ q_i·x_i` over a row of 2-bit codes ([`super::q2`]'s chunk layout).
+pub fn dot_q2(codes: &[u8], x: &[i8]) -> i32 {
+    let mut acc = 0i32;
+    for (c, xc) in codes.chunks_exact(32).zip(x.chunks_exact(128)) {
+        for (j, xs) in xc.chunks_exact(32).enumerate() {
+            let part: i32 = c
+                .iter()
+                .zip(xs)
+                .map(|(&b, &v)| ((b >> (2 * j)) & 3) as i32 * v as i32)
+                .sum();
+            acc += part;
+        }
+    }
+    acc
+}

@@ -21,16 +21,21 @@ impl Model {
         Ok(())
     }
 
-    /// A screen of this model's lm_head computing `k` rows exactly
-    /// ([`head_screen`]; 0.56 bytes per lm_head weight). CPU only.
-    pub fn build_head_screen(&self, k: usize) -> Result<head_screen::HeadScreen> {
+    /// A screen of this model's lm_head, its copy in `bits`, computing `k`
+    /// rows exactly ([`head_screen`]). CPU only.
+    pub fn build_head_screen(
+        &self,
+        k: usize,
+        bits: head_screen::ScreenBits,
+    ) -> Result<head_screen::HeadScreen> {
         if !self.device.is_cpu() {
             bail!(
                 "head_screen runs on the CPU; on {:?} use head_screen 0",
                 self.device
             );
         }
-        head_screen::HeadScreen::build(&self.lm_head, k).context("building the lm_head's screen")
+        head_screen::HeadScreen::build(&self.lm_head, k, bits)
+            .context("building the lm_head's screen")
     }
 
     /// Screens the lm_head from now on, in every pass: the `k` rows the

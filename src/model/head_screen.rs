@@ -1,16 +1,21 @@
-//! A screened output layer: a 4-bit copy of the lm_head (ggml's `Q4_0`,
-//! 0.56 bytes a weight) scores every output row, and only the `k` rows it
-//! ranks highest are computed exactly from the lm_head's own weights; the
-//! other rows keep the screen's logits. The lm_head's rows are output
-//! neurons, and the screen is their predictor (as a low-bit predictor picks
-//! FFN neurons): decode reads the screen and `k` rows instead of the whole
-//! head (Qwen2.5-0.5B in f16: 77 MB + 0.1 MB for 272 MB). The greedy token
-//! is the exact head's whenever it is among the `k` (on Qwen2.5-0.5B's dev
-//! prompts `k` 3 kept it at 767 of 768 positions, docs/RESULTS.md);
-//! sampled tail tokens take the screen's logits.
-
+//! A screened output layer: a low-bit copy of the lm_head scores every
+//! output row, and only the `k` rows it ranks highest are computed exactly
+//! from the lm_head's own weights; the other rows keep the screen's
+//! logits. The lm_head's rows are output neurons, and the screen is their
+//! predictor (as a low-bit predictor picks FFN neurons): decode reads the
+//! screen and `k` rows instead of the whole head. The greedy token is the
+//! exact head's whenever it is among the `k`; sampled tail tokens take the
+//! screen's logits.
+//!
+//! Two copies ([`ScreenBits`]): ggml's `Q4_0` (4.5 bits a weight; on
+//! Qwen2.5-0.5B's dev prompts `k` 3 kept dense's greedy token at 767 of
+//! 768 positions, on SmolLM2 `k` 16 at all), and [`q2`] rows (2 bits a
+//! weight and one scale a row: half the bytes again; enough on Qwen2.5's
+//! 896-wide rows with `k` in the hundreds, far from it on SmolLM2's;
+//! docs/RESULTS.md).
 use super::linear::{Linear, QMatrix, Weights};
 use super::vocab::OutputVocab;
+use crate::kernels::q2;
 use crate::kernels::quant::{Q8Act, QFormat};
 use anyhow::{bail, Context, Result};
 use candle_core::{quantized::QTensor, Device, Tensor};
@@ -20,12 +25,97 @@ use std::collections::BinaryHeap;
 /// Rows quantized at a time while the screen is built (~8 MiB of f32).
 const BUILD_ROWS: usize = 2048;
 
+/// The bits a weight of the screen's copy takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum ScreenBits {
+    /// ggml's `Q4_0` (4.5 bits a weight, scales included).
+    #[default]
+    #[serde(rename = "4")]
+    Four,
+    /// [`q2`] rows (2 bits a weight and one f32 a row).
+    #[serde(rename = "2")]
+    Two,
+}
+
+crate::sys::named::impl_named!(ScreenBits, "head_screen_bits", { Four => "4", Two => "2" });
+
+impl ScreenBits {
+    /// `4` or `2`; anything else is refused, naming `head_screen_bits`.
+    pub fn from_bits(bits: i64) -> Result<Self> {
+        bits.to_string().parse()
+    }
+
+    pub fn bits(self) -> u32 {
+        match self {
+            Self::Four => 4,
+            Self::Two => 2,
+        }
+    }
+
+    /// Bytes of one copied row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            Self::Four => QFormat::Q4_0.row_bytes(cols),
+            Self::Two => q2::row_bytes(cols) + 4,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct HeadScreen {
     /// Rows computed exactly per step.
     k: usize,
-    /// The lm_head's rows in `Q4_0`.
-    rows: QMatrix,
+    /// The lm_head's rows, copied.
+    copy: RowCopy,
+}
+
+/// The screen's copy of the lm_head's rows.
+#[derive(Debug, Clone)]
+enum RowCopy {
+    Four(QMatrix),
+    Two {
+        /// Each row's codes, [`q2::row_bytes`] apart.
+        codes: Vec<u8>,
+        /// Each row's scale.
+        d: Vec<f32>,
+        cols: usize,
+    },
+}
+
+impl RowCopy {
+    fn rows(&self) -> usize {
+        match self {
+            Self::Four(m) => m.rows(),
+            Self::Two { d, .. } => d.len(),
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Self::Four(m) => m.cols(),
+            Self::Two { cols, .. } => *cols,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Four(m) => m.bytes(),
+            Self::Two { codes, d, .. } => codes.len() + 4 * d.len(),
+        }
+    }
+
+    /// `y[r]` = the copy's row `r` · `x` for the rows `0..y.len()`, then
+    /// `ey[j]` for the rows `extra[j]` (ascending).
+    fn scores(&self, x: &[f32], y: &mut [f32], extra: &[u32], ey: &mut [f32]) {
+        match self {
+            Self::Four(m) => m.matvec_subset(&Q8Act::quantize(x), y, extra, ey),
+            Self::Two { codes, d, .. } => {
+                let xq = q2::Q8Row::quantize(x);
+                q2::matvec(codes, d, &xq, y);
+                q2::matvec_ids(codes, d, extra, &xq, ey);
+            }
+        }
+    }
 }
 
 /// An f32 that orders totally (for the heap of the best rows).
@@ -48,15 +138,20 @@ impl Ord for Score {
 }
 
 impl HeadScreen {
-    /// The screen of `head` (`[vocab, hidden]`, any dtype on the CPU),
-    /// computing `k` rows exactly per step (1 ≤ k ≤ vocab).
-    pub fn build(head: &Linear, k: usize) -> Result<Self> {
+    /// The screen of `head` (`[vocab, hidden]`, any dtype on the CPU), its
+    /// copy in `bits`, computing `k` rows exactly per step (1 ≤ k ≤ vocab).
+    pub fn build(head: &Linear, k: usize, bits: ScreenBits) -> Result<Self> {
         let (n, cols) = head.dims()?;
         check_k(k, n)?;
-        if !cols.is_multiple_of(crate::kernels::quant::QK) {
+        if bits == ScreenBits::Four && !cols.is_multiple_of(crate::kernels::quant::QK) {
             bail!("head_screen: rows of {cols} are not whole 32-weight blocks");
         }
-        let mut data = Vec::with_capacity(QFormat::Q4_0.row_bytes(cols) * n);
+        let rb = match bits {
+            ScreenBits::Four => QFormat::Q4_0.row_bytes(cols),
+            ScreenBits::Two => q2::row_bytes(cols),
+        };
+        let mut data = vec![0u8; rb * n];
+        let mut scales = Vec::with_capacity(if bits == ScreenBits::Two { n } else { 0 });
         let mut buf = vec![0f32; BUILD_ROWS.min(n) * cols];
         for r0 in (0..n).step_by(BUILD_ROWS) {
             let r1 = (r0 + BUILD_ROWS).min(n);
@@ -73,13 +168,32 @@ impl HeadScreen {
                     f.copy_from_slice(&rows);
                 }
             }
-            let t = Tensor::from_slice(f, (r1 - r0, cols), &Device::Cpu)?;
-            data.extend_from_slice(&QTensor::quantize(&t, QFormat::Q4_0.ggml())?.data()?);
+            let out = &mut data[r0 * rb..r1 * rb];
+            match bits {
+                ScreenBits::Four => {
+                    let t = Tensor::from_slice(f, (r1 - r0, cols), &Device::Cpu)?;
+                    out.copy_from_slice(&QTensor::quantize(&t, QFormat::Q4_0.ggml())?.data()?);
+                }
+                ScreenBits::Two => {
+                    use rayon::prelude::*;
+                    let d: Vec<f32> = f
+                        .par_chunks_exact(cols)
+                        .zip(out.par_chunks_exact_mut(rb))
+                        .map(|(w, c)| q2::quantize_row(w, c))
+                        .collect();
+                    scales.extend(d);
+                }
+            }
         }
-        Ok(Self {
-            k,
-            rows: QMatrix::new(cols, vec![(QFormat::Q4_0, n)], data)?,
-        })
+        let copy = match bits {
+            ScreenBits::Four => RowCopy::Four(QMatrix::new(cols, vec![(QFormat::Q4_0, n)], data)?),
+            ScreenBits::Two => RowCopy::Two {
+                codes: data,
+                d: scales,
+                cols,
+            },
+        };
+        Ok(Self { k, copy })
     }
 
     /// The same screen computing `k` rows exactly (of `n`, the head's rows).
@@ -91,11 +205,11 @@ impl HeadScreen {
     /// Refuses a head this screen was not built for (by shape).
     pub fn check_head(&self, head: &Linear) -> Result<()> {
         let (n, cols) = head.dims()?;
-        if (self.rows.rows(), self.rows.cols()) != (n, cols) {
+        if (self.copy.rows(), self.copy.cols()) != (n, cols) {
             bail!(
                 "head_screen of [{}, {}] given an lm_head [{n}, {cols}]",
-                self.rows.rows(),
-                self.rows.cols()
+                self.copy.rows(),
+                self.copy.cols()
             );
         }
         Ok(())
@@ -106,16 +220,24 @@ impl HeadScreen {
         self.k
     }
 
+    /// The bits a weight of the copy takes.
+    pub fn bits(&self) -> ScreenBits {
+        match self.copy {
+            RowCopy::Four(_) => ScreenBits::Four,
+            RowCopy::Two { .. } => ScreenBits::Two,
+        }
+    }
+
     /// Bytes of the screen's rows (held beside the lm_head's).
     pub fn bytes(&self) -> usize {
-        self.rows.bytes()
+        self.copy.bytes()
     }
 
     /// Bytes one step reads: the screen's rows of `vocab` (all without
     /// one) and `k` of `head`'s rows.
     pub fn step_bytes(&self, head: &Linear, vocab: Option<&OutputVocab>) -> usize {
-        let rows = vocab.map_or(self.rows.rows(), OutputVocab::rows);
-        self.rows.bytes() * rows / self.rows.rows().max(1) + head.rows_bytes(self.k)
+        let rows = vocab.map_or(self.copy.rows(), OutputVocab::rows);
+        self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k)
     }
 
     /// The logits of one normed row `x`: the screen's over the rows of
@@ -128,25 +250,24 @@ impl HeadScreen {
         vocab: Option<&OutputVocab>,
     ) -> Result<Vec<f32>> {
         let (n, cols) = head.dims()?;
-        if x.len() != cols || self.rows.rows() != n {
+        if x.len() != cols || self.copy.rows() != n {
             bail!(
                 "head_screen of {} rows over an lm_head [{n}, {cols}] given a row of {}",
-                self.rows.rows(),
+                self.copy.rows(),
                 x.len()
             );
         }
-        let xq = Q8Act::quantize(x);
         let mut y = vec![f32::NEG_INFINITY; n];
         match vocab {
             Some(v) => {
                 let mut ey = vec![0f32; v.extra().len()];
-                self.rows
-                    .matvec_subset(&xq, &mut y[..v.prefix()], v.extra(), &mut ey);
+                self.copy
+                    .scores(x, &mut y[..v.prefix()], v.extra(), &mut ey);
                 for (&e, v) in v.extra().iter().zip(ey) {
                     y[e as usize] = v;
                 }
             }
-            None => self.rows.matvec(&xq, &mut y),
+            None => self.copy.scores(x, &mut y, &[], &mut []),
         }
         head.add_bias_to(&mut y)?;
         let ids = top_k(&y, self.k);
@@ -157,10 +278,10 @@ impl HeadScreen {
     }
 }
 
-/// Bytes a screen of an lm_head `[rows, cols]` holds, plus the f32 rows
-/// its build converts at a time (a memory plan counts both).
-pub fn memory_bytes(rows: usize, cols: usize) -> u64 {
-    (QFormat::Q4_0.row_bytes(cols) * rows + 2 * 4 * BUILD_ROWS.min(rows) * cols) as u64
+/// Bytes a screen in `bits` of an lm_head `[rows, cols]` holds, plus the
+/// f32 rows its build converts at a time (a memory plan counts both).
+pub fn memory_bytes(rows: usize, cols: usize, bits: ScreenBits) -> u64 {
+    (bits.row_bytes(cols) * rows + 2 * 4 * BUILD_ROWS.min(rows) * cols) as u64
 }
 
 /// `k` exact rows of an output layer of `n`: 1 ≤ k ≤ n.
@@ -213,9 +334,9 @@ mod tests {
         let head = head(n, cols);
         let x = data(cols, 7);
         let exact = head.forward_row(&x).unwrap();
-        let all = HeadScreen::build(&head, n).unwrap();
+        let all = HeadScreen::build(&head, n, ScreenBits::Four).unwrap();
         assert_eq!(all.logits(&head, &x, None).unwrap(), exact);
-        let screen = HeadScreen::build(&head, 8).unwrap();
+        let screen = HeadScreen::build(&head, 8, ScreenBits::Four).unwrap();
         let got = screen.logits(&head, &x, None).unwrap();
         let same = got.iter().zip(&exact).filter(|(a, b)| a == b).count();
         assert!(same >= 8, "{same} rows exact");
@@ -247,8 +368,50 @@ mod tests {
     fn a_screen_of_no_rows_or_more_rows_than_the_head_is_refused() {
         let head = head(40, 32);
         for k in [0, 41] {
-            let e = HeadScreen::build(&head, k).unwrap_err().to_string();
-            assert!(e.contains("head_screen") && e.contains("40"), "{e}");
+            for bits in [ScreenBits::Four, ScreenBits::Two] {
+                let e = HeadScreen::build(&head, k, bits).unwrap_err().to_string();
+                assert!(e.contains("head_screen") && e.contains("40"), "{e}");
+            }
         }
+        let e = ScreenBits::from_bits(3).unwrap_err().to_string();
+        assert!(e.contains("head_screen_bits") && e.contains('3'), "{e}");
+        assert_eq!(ScreenBits::from_bits(2).unwrap(), ScreenBits::Two);
+    }
+
+    #[test]
+    fn the_two_bit_copy_is_exact_with_every_row_and_within_its_rounding_otherwise() {
+        // 576 columns: rows padded to whole 128-weight chunks.
+        let (n, cols) = (300, 576);
+        let head = head(n, cols);
+        let x = data(cols, 7);
+        let exact = head.forward_row(&x).unwrap();
+        let all = HeadScreen::build(&head, n, ScreenBits::Two).unwrap();
+        assert_eq!(all.logits(&head, &x, None).unwrap(), exact);
+        assert_eq!(all.bits(), ScreenBits::Two);
+        assert_eq!(all.bytes(), n * (cols.div_ceil(128) * 32 + 4));
+        let screen = HeadScreen::build(&head, 64, ScreenBits::Two).unwrap();
+        let got = screen.logits(&head, &x, None).unwrap();
+        let best = |v: &[f32]| (0..n).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+        assert_eq!(best(&got), best(&exact));
+        // Each weight of the copy is within d of the row's (within its
+        // level's reach, ±4d) or at most |w| - 3d off (clipped); the 8-bit
+        // activations within |x|max/254 each.
+        let w = data(n * cols, 3);
+        let xmax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let xsum: f32 = x.iter().map(|v| v.abs()).sum();
+        let (mut inexact, rb) = (0, q2::row_bytes(cols));
+        for (r, ((g, e), row)) in got.iter().zip(&exact).zip(w.chunks_exact(cols)).enumerate() {
+            let mut codes = vec![0u8; rb];
+            let d = q2::quantize_row(row, &mut codes).abs();
+            let wmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let per_weight = d.max(wmax - 3.0 * d);
+            let bound = xsum * per_weight + 3.0 * d * cols as f32 * xmax / 254.0 + 1e-4;
+            assert!(
+                (g - e).abs() <= bound,
+                "row {r}: {g} vs {e} (bound {bound})"
+            );
+            inexact += usize::from(g != e);
+        }
+        assert!(inexact >= n - 64, "{inexact} rows from the copy");
     }
 }

@@ -182,6 +182,8 @@ pub struct BenchOptions {
     pub vocab: crate::method::vocab::VocabRule,
     /// lm_head rows computed exactly behind its screen (0: none).
     pub head_screen: usize,
+    /// Bits a weight of the screen's copy takes.
+    pub head_screen_bits: crate::model::head_screen::ScreenBits,
 }
 
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
@@ -201,7 +203,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         BenchEngine::Dense => {
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
             engine.set_vocab(opts.vocab)?;
-            engine.set_head_screen(opts.head_screen)?;
+            engine.set_head_screen(opts.head_screen, opts.head_screen_bits)?;
             // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
             let codec = engine.codec.clone();
             let dtype = engine.model.weights_name();

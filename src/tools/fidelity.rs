@@ -48,7 +48,7 @@ pub enum Candidate<'a> {
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
 /// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
 /// `vocab`, `screen` (`head_screen`: lm_head rows computed exactly behind
-/// its 4-bit screen), `dense` (layers kept whole, `:`-separated) and `drop`
+/// its screen), `sbits` (`head_screen_bits`: 4 or 2), `dense` (layers kept whole, `:`-separated) and `drop`
 /// (the per-layer weights of `layer_drop`, `:`-separated).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
@@ -94,10 +94,13 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
                     format!("candidate `{candidate}`: {key} = `{value}` is not a row count")
                 })?
             }
+            "sbits" | "head_screen_bits" => {
+                s.head_screen_bits = value.parse().with_context(named)?
+            }
             "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, dense, drop)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, dense, drop)"
             ),
         }
     }

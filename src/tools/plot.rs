@@ -51,6 +51,9 @@ pub fn method_of(name: &str) -> String {
         .is_some_and(|k| k.parse::<usize>().is_ok_and(|k| k > 0))
     {
         extra += " + head_screen";
+        if get("sbits").or(get("head_screen_bits")).as_deref() == Some("2") {
+            extra += " 2-bit";
+        }
     }
     let method: String = match (mode.as_str(), gated) {
         ("dense", _) => "dense".into(),
@@ -190,6 +193,10 @@ mod tests {
             "coreinfer (paper's counts, full load)"
         );
         assert_eq!(method_of("mode=dense,screen=64"), "dense + head_screen");
+        assert_eq!(
+            method_of("mode=dense,screen=256,sbits=2"),
+            "dense + head_screen 2-bit"
+        );
         assert_eq!(method_of("mode=dense,screen=0,vocab=all"), "dense");
         assert_eq!(
             method_of("mode=coreinfer,phi=0.85,score=wina,vocab=latin,screen=64,drop=0:1"),

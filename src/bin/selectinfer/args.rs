@@ -7,6 +7,7 @@ use selectinfer::engine::defaults::CLI;
 use selectinfer::engine::EngineSpec;
 use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
+use selectinfer::model::head_screen::ScreenBits;
 use selectinfer::sys::device::WeightDtype;
 use std::path::PathBuf;
 
@@ -41,6 +42,11 @@ pub struct ModelArgs {
     /// others keep the copy's logits); 0 computes every row exactly.
     #[arg(long, default_value_t = CLI.head_screen)]
     pub head_screen: usize,
+    /// Bits a weight of the screen's copy takes: 4 (ggml's Q4_0) or 2
+    /// (half the bytes again; needs a larger --head-screen, and suits some
+    /// models only: docs/RESULTS.md).
+    #[arg(long, default_value_t = CLI.head_screen_bits)]
+    pub head_screen_bits: ScreenBits,
     #[command(flatten)]
     pub method: MethodArgs,
 }
@@ -121,6 +127,7 @@ impl ModelArgs {
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
             head_screen: self.head_screen,
+            head_screen_bits: self.head_screen_bits,
         }
     }
 }

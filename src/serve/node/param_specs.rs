@@ -126,6 +126,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Int(0, i64::MAX),
     ),
     spec(
+        "head_screen_bits",
+        "4 | 2: bits a weight of head_screen's copy of the lm_head takes (4: ggml's Q4_0; 2: half the bytes again, needs a larger head_screen and suits some models only) (load-time)",
+        false,
+        Values::Int(2, 4),
+    ),
+    spec(
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
         false,

@@ -7,6 +7,7 @@ use super::param_specs::{spec_of, Spec, PARAMETERS};
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
 use crate::method::SelectionParams;
+use crate::model::head_screen::ScreenBits;
 use crate::model::Config;
 use crate::serve::server::{RuntimeSettings, ServerConfig};
 use anyhow::{bail, Context, Result};
@@ -190,6 +191,10 @@ impl NodeParams {
                 e.vocab = s.parse().context("parameter vocab")?;
             }
             "head_screen" => e.head_screen = non_negative(name, v)?.unwrap_or(0) as usize,
+            "head_screen_bits" => {
+                e.head_screen_bits =
+                    ScreenBits::from_bits(int(name, v)?).context("parameter head_screen_bits")?;
+            }
             "dense_layers" => {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
@@ -269,6 +274,7 @@ impl NodeParams {
             "layer_drop" => ParameterValue::DoubleArray(e.params.layer_drop.clone()),
             "vocab" => ParameterValue::String(e.vocab.name().into()),
             "head_screen" => ParameterValue::Integer(e.head_screen as i64),
+            "head_screen_bits" => ParameterValue::Integer(e.head_screen_bits.bits() as i64),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(e.dtype.name().into()),
@@ -311,7 +317,7 @@ impl NodeParams {
         };
         format!(
             "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, gate_keep {}, \
-             vocab {}, head_screen {}, dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
+             vocab {}, head_screen {} ({}-bit), dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
             e.model.display(),
             e.dtype,
             e.device,
@@ -325,6 +331,7 @@ impl NodeParams {
             p.gate_keep,
             e.vocab,
             e.head_screen,
+            e.head_screen_bits,
             p.dense_layers,
             self.queue_depth
         )
@@ -492,7 +499,7 @@ mod tests {
             "layer_drop [0.0, 1.5]",
             "score counts",
             "vocab all",
-            "head_screen 16",
+            "head_screen 16 (4-bit)",
             "gate_keep",
         ] {
             assert!(line.contains(part), "{part} missing: {line}");
