@@ -36,35 +36,29 @@ pub const fn row_bytes(cols: usize) -> usize {
 pub fn quantize_row(w: &[f32], codes: &mut [u8]) -> f32 {
     assert_eq!(codes.len(), row_bytes(w.len()), "q2: codes of a row");
     let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let code = |v: f32, d: f32| ((v / d + 3.0) * 0.5).round().clamp(0.0, 3.0) as u8;
-    let (mut best_d, mut best_err) = (0f32, f64::INFINITY);
-    if amax > 0.0 {
-        for step in 0..=16 {
-            let d0 = amax * (0.2 + 0.05 * step as f32) / 3.0;
-            // The least-squares scale for these codes, then its error.
-            let (mut wl, mut ll) = (0f64, 0f64);
-            for &v in w {
-                let l = (2 * code(v, d0) as i32 - 3) as f64;
-                wl += v as f64 * l;
-                ll += l * l;
-            }
-            let d = (wl / ll) as f32;
-            let err: f64 = w
-                .iter()
-                .map(|&v| {
-                    let e = v as f64 - d as f64 * (2 * code(v, d0) as i32 - 3) as f64;
-                    e * e
-                })
-                .sum();
-            if err < best_err {
-                (best_d, best_err) = (d, err);
-                pack(w, |v| code(v, d0), codes);
-            }
-        }
-    } else {
+    if amax == 0.0 {
         codes.fill(0);
+        return 0.0;
     }
-    best_d
+    let code = |v: f32, id: f32| ((v * id + 3.0) * 0.5).round().clamp(0.0, 3.0) as u8;
+    // With the least-squares scale `d = Σw·l / Σl²` for the levels `l`,
+    // the squared error is `Σw² − (Σw·l)² / Σl²`: the largest
+    // `(Σw·l)² / Σl²` wins.
+    let (mut best, mut best_id, mut best_gain) = (0f32, 0f32, f32::NEG_INFINITY);
+    for step in 0..=16 {
+        let id = 3.0 / (amax * (0.2 + 0.05 * step as f32));
+        let (mut wl, mut ll) = (0f32, 0f32);
+        for &v in w {
+            let l = (2 * code(v, id) as i32 - 3) as f32;
+            wl += v * l;
+            ll += l * l;
+        }
+        if wl * wl / ll > best_gain {
+            (best, best_id, best_gain) = (wl / ll, id, wl * wl / ll);
+        }
+    }
+    pack(w, |v| code(v, best_id), codes);
+    best
 }
 
 /// Writes the codes of `w` (`code(v)` each, 0 past the row's end) in the
