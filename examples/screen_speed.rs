@@ -28,8 +28,15 @@ fn main() -> anyhow::Result<()> {
     drop(st);
     let (n, h) = w.dims2()?;
     let head = Linear::new(w, None)?;
+    let t = Instant::now();
     let s4 = HeadScreen::build(&head, k4, ScreenBits::Four)?;
+    let b4 = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let s2 = HeadScreen::build(&head, k2, ScreenBits::Two)?;
+    println!(
+        "built in {b4:.1} s (4-bit) and {:.1} s (2-bit)",
+        t.elapsed().as_secs_f64()
+    );
     println!(
         "lm_head [{n}, {h}] f16: copies of {:.1} MB (4-bit) and {:.1} MB (2-bit)",
         s4.bytes() as f64 / 1e6,
