@@ -180,10 +180,9 @@ pub struct BenchOptions {
     pub measure_bandwidth: bool,
     /// Which output tokens our engine's decode computes.
     pub vocab: crate::method::vocab::VocabRule,
-    /// lm_head rows computed exactly behind its screen (0: none).
-    pub head_screen: usize,
-    /// Bits a weight of the screen's copy takes.
-    pub head_screen_bits: crate::model::head_screen::ScreenBits,
+    /// lm_head rows computed exactly behind its screen (0: none), and the
+    /// bits a weight of the screen's copy takes.
+    pub head_screen: (usize, crate::model::head_screen::ScreenBits),
 }
 
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
@@ -193,7 +192,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         bail!("bench needs at least 2 new tokens per prompt");
     }
     if opts.engine == BenchEngine::CandleGguf
-        && (opts.method.is_some() || opts.vocab != Default::default() || opts.head_screen > 0)
+        && (opts.method.is_some() || opts.vocab != Default::default() || opts.head_screen.0 > 0)
     {
         bail!("--engine candle-gguf runs the GGUF as is: it takes no --mode, --vocab or --head-screen");
     }
@@ -203,7 +202,7 @@ pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<
         BenchEngine::Dense => {
             engine = Engine::load_with_method(model_dir, load, opts.method.clone())?;
             engine.set_vocab(opts.vocab)?;
-            engine.set_head_screen(opts.head_screen, opts.head_screen_bits)?;
+            engine.set_head_screen(opts.head_screen.0, opts.head_screen.1)?;
             // The engine's own tokenizer; cloning it avoids reading tokenizer.json twice.
             let codec = engine.codec.clone();
             let dtype = engine.model.weights_name();

@@ -225,8 +225,7 @@ fn run(cli: Cli) -> Result<()> {
                 new_tokens,
                 measure_bandwidth: bandwidth,
                 vocab: spec.vocab,
-                head_screen: spec.head_screen,
-                head_screen_bits: spec.head_screen_bits,
+                head_screen: (spec.head_screen, spec.head_screen_bits),
             };
             let report = bench::run(&spec.model, &load, &opts)?;
             match json {
