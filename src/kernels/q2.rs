@@ -76,14 +76,6 @@ fn pack(w: &[f32], code: impl Fn(f32) -> u8, codes: &mut [u8]) {
     }
 }
 
-/// Weight `i` of a row of codes with scale `d` (a plain loop, for tests
-/// and for reading a row back).
-pub fn weight(codes: &[u8], d: f32, i: usize) -> f32 {
-    let (c, r) = (i / CHUNK, i % CHUNK);
-    let q = (codes[c * CHUNK / 4 + r % 32] >> (2 * (r / 32))) & 3;
-    d * (2 * q as i32 - 3) as f32
-}
-
 /// One row's activations quantized to i8 with one scale (`max|x| / 127`),
 /// zero-padded to whole chunks, and the sum of the quantized values.
 #[derive(Debug, Clone)]
@@ -150,6 +142,9 @@ pub fn matvec(codes: &[u8], d: &[f32], x: &Q8Row, out: &mut [f32]) {
 /// `out[j] = row ids[j] · x`, rows picked by index, split over the decode
 /// threads.
 pub fn matvec_ids(codes: &[u8], d: &[f32], ids: &[u32], x: &Q8Row, out: &mut [f32]) {
+    if ids.is_empty() {
+        return;
+    }
     let rb = x.q.len() / 4;
     debug_assert_eq!(ids.len(), out.len());
     let out = DisjointSlice::new(out);
@@ -167,6 +162,13 @@ pub fn matvec_ids(codes: &[u8], d: &[f32], ids: &[u32], x: &Q8Row, out: &mut [f3
 mod tests {
     use super::*;
     use crate::kernels::test_data::data;
+
+    /// Weight `i` of a row of codes with scale `d`, read as the layout says.
+    fn weight(codes: &[u8], d: f32, i: usize) -> f32 {
+        let (c, r) = (i / CHUNK, i % CHUNK);
+        let q = (codes[c * CHUNK / 4 + r % 32] >> (2 * (r / 32))) & 3;
+        d * (2 * q as i32 - 3) as f32
+    }
 
     /// The row's weights read back one at a time.
     fn plain(codes: &[u8], d: f32, cols: usize) -> Vec<f32> {

@@ -52,11 +52,20 @@ impl ScreenBits {
         }
     }
 
-    /// Bytes of one copied row of `cols` weights.
+    /// Bytes of one copied row of `cols` weights, its scales included.
     pub fn row_bytes(self, cols: usize) -> usize {
         match self {
+            Self::Four => self.code_bytes(cols),
+            Self::Two => self.code_bytes(cols) + 4,
+        }
+    }
+
+    /// Bytes of one copied row's blocks (`Q4_0`) or codes (2-bit; its
+    /// scale is held apart).
+    fn code_bytes(self, cols: usize) -> usize {
+        match self {
             Self::Four => QFormat::Q4_0.row_bytes(cols),
-            Self::Two => q2::row_bytes(cols) + 4,
+            Self::Two => q2::row_bytes(cols),
         }
     }
 }
@@ -146,10 +155,7 @@ impl HeadScreen {
         if bits == ScreenBits::Four && !cols.is_multiple_of(crate::kernels::quant::QK) {
             bail!("head_screen: rows of {cols} are not whole 32-weight blocks");
         }
-        let rb = match bits {
-            ScreenBits::Four => QFormat::Q4_0.row_bytes(cols),
-            ScreenBits::Two => q2::row_bytes(cols),
-        };
+        let rb = bits.code_bytes(cols);
         let mut data = vec![0u8; rb * n];
         let mut scales = Vec::with_capacity(if bits == ScreenBits::Two { n } else { 0 });
         let mut buf = vec![0f32; BUILD_ROWS.min(n) * cols];

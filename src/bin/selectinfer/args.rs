@@ -37,7 +37,7 @@ pub struct ModelArgs {
     /// a prompt with a token outside gets all).
     #[arg(long, default_value_t = CLI.vocab)]
     pub vocab: VocabRule,
-    /// lm_head rows computed exactly per step: a 4-bit copy of the lm_head
+    /// lm_head rows computed exactly per step: a low-bit copy of the lm_head
     /// ranks its rows and the best K are computed from the weights (the
     /// others keep the copy's logits); 0 computes every row exactly.
     #[arg(long, default_value_t = CLI.head_screen)]

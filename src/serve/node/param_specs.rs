@@ -121,7 +121,7 @@ pub const PARAMETERS: &[Spec] = &[
     ),
     spec(
         "head_screen",
-        "lm_head rows computed exactly per token: a 4-bit copy of the lm_head ranks its rows and the best N are computed from the weights (the rest keep the copy's logits; a grammar request gets every row); 0 = every row exactly; CPU only, ignored with a warning elsewhere (load-time)",
+        "lm_head rows computed exactly per token: a low-bit copy of the lm_head (head_screen_bits) ranks its rows and the best N are computed from the weights (the rest keep the copy's logits; a grammar request gets every row); 0 = every row exactly; CPU only, ignored with a warning elsewhere (load-time)",
         false,
         Values::Int(0, i64::MAX),
     ),
