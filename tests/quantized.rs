@@ -65,6 +65,20 @@ fn q4_keeps_the_gguf_blocks_bit_exact() {
     }
 }
 
+/// q8 widens a GGUF's Q4_0/Q5_0 blocks to Q8_0 exactly
+/// (`kernels::quant::widen_to_q8_0`, tested there); SmolLM2's Q4_1 blocks
+/// cannot be, so its q8 file requantizes them from f32 and says so.
+#[test]
+fn q8_requantizes_q4_1_tensors_and_keeps_q8_0_ones() {
+    let dir = smollm2();
+    let file = QFile::open(&dir.join(qfile::file_name("q8"))).unwrap();
+    let p = &file.header.provenance;
+    let count = |s: &str| p.values().filter(|v| v.contains(s)).count();
+    assert_eq!(count("from f32 (GGUF Q4_1)"), 30 * 7, "{p:?}");
+    assert_eq!(count("widened"), 0, "{p:?}");
+    assert_eq!(p["model.embed_tokens.weight"], "GGUF q8_0 blocks kept");
+}
+
 fn load(dir: &Path, quant: Option<Quant>, ffn: FfnRows) -> Model {
     Model::from_dir(
         dir,

@@ -72,6 +72,36 @@ impl QFormat {
     }
 }
 
+/// `row` (blocks of `format`) as `Q8_0` blocks holding exactly the same
+/// weights, where that exists: a `Q4_0` or `Q5_0` block's weights are its
+/// scale `d` times the integers `q-8` or `q-16`, which a `Q8_0` block with
+/// the same `d` holds as they are; `Q8_0` rows are returned as they are.
+/// `None` for `Q4_1` (`d·q + m` is not `d'` times an integer in general).
+pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
+    let offset = match format {
+        QFormat::Q8_0 => return Some(row.to_vec()),
+        QFormat::Q4_1 => return None,
+        QFormat::Q4_0 => 8,
+        QFormat::Q5_0 => 16,
+    };
+    let bb = format.block_bytes();
+    debug_assert!(row.len().is_multiple_of(bb));
+    let mut out = Vec::with_capacity(row.len() / bb * QFormat::Q8_0.block_bytes());
+    for b in row.chunks_exact(bb) {
+        out.extend_from_slice(&b[..2]);
+        let (qh, qs) = match format {
+            QFormat::Q5_0 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..]),
+            _ => (0, &b[2..]),
+        };
+        for i in 0..QK {
+            let nibble = if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 } as i32;
+            let q = nibble | (((qh >> i) & 1) as i32) << 4;
+            out.push((q - offset) as i8 as u8);
+        }
+    }
+    Some(out)
+}
+
 /// The activations of one row quantized per block of 32: `q` (i8), the
 /// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
 /// for the AVX-512 kernels (and only where they run) also `d8` (each `d`
@@ -91,9 +121,17 @@ pub struct Q8Act {
     pub corr16: Vec<i32>,
 }
 
+/// 1.5·2²³: adding and then subtracting it rounds an f32 below 2²² in
+/// magnitude to the nearest integer, ties to even (as ggml's AVX2
+/// `quantize_row_q8_0` rounds, `_mm256_round_ps` nearest), in a loop that
+/// vectorises; `f32::round` is a libm call per value, which made the
+/// activations' quantization ~2 % of a Qwen q4 decode step, all of it on
+/// one thread between the parallel kernels.
+const ROUND: f32 = 12_582_912.0;
+
 impl Q8Act {
     /// Quantizes `x` (a multiple of 32 long) to the nearest of 255 levels
-    /// per block (scale `max|x| / 127`).
+    /// per block (scale `max|x| / 127`; ties to even).
     pub fn quantize(x: &[f32]) -> Self {
         debug_assert!(x.len().is_multiple_of(QK));
         let blocks = x.len() / QK;
@@ -112,11 +150,10 @@ impl Q8Act {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-                sum += *q as i32;
+                *q = ((v * id + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
             }
+            let sum: i32 = qb.iter().map(|&q| q as i32).sum();
             a.d.push(d);
             a.s.push(d * sum as f32);
             if wide {
@@ -372,6 +409,26 @@ pub(crate) mod tests {
                 .to_vec1()
                 .unwrap();
             assert_eq!(plain_dequantize(f, &q), want, "{f}");
+        }
+    }
+
+    #[test]
+    fn widening_to_q8_0_keeps_every_weight_exactly() {
+        let cols = 160;
+        let w = data(3 * cols, 5);
+        for f in ALL {
+            let row = quantize_rows(&w, cols, f);
+            match widen_to_q8_0(f, &row) {
+                Some(wide) => {
+                    assert_eq!(wide.len(), QFormat::Q8_0.row_bytes(3 * cols), "{f}");
+                    assert_eq!(
+                        plain_dequantize(QFormat::Q8_0, &wide),
+                        plain_dequantize(f, &row),
+                        "{f}"
+                    );
+                }
+                None => assert_eq!(f, QFormat::Q4_1),
+            }
         }
     }
 

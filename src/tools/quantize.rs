@@ -5,7 +5,9 @@
 //!
 //! What each dtype holds:
 //! - `q8`: ggml's Q8_0 everywhere; a GGUF Q8_0 tensor keeps its blocks,
-//!   every other one is quantized from f32.
+//!   a Q4_0 or Q5_0 one is widened to Q8_0 blocks with the same scales and
+//!   the same weights ([`crate::kernels::quant::widen_to_q8_0`]), every
+//!   other one (Q4_1, K-quants, f16/f32) is quantized from f32.
 //! - `q4`: each tensor keeps its own GGUF blocks (Q4_0, Q4_1, Q5_0, Q8_0)
 //!   bit for bit wherever the neuron-major layout keeps them: gate/up rows,
 //!   attention rows (llama's rotary row permutation only moves whole rows),
@@ -95,7 +97,8 @@ impl Source {
         let Some(f) = self.gguf_type(name).and_then(kept) else {
             return Ok(None);
         };
-        if q == Quant::Q8 && f != QFormat::Q8_0 {
+        // q8 widens Q4_0/Q5_0 blocks to Q8_0 exactly; Q4_1 is requantized.
+        if q == Quant::Q8 && f == QFormat::Q4_1 {
             return Ok(None);
         }
         let (content, file, names) = self.gguf.as_mut().expect("gguf_type found it");
@@ -129,13 +132,21 @@ impl Source {
             }
             _ => data,
         };
+        if q == Quant::Q8 {
+            let wide = crate::kernels::quant::widen_to_q8_0(f, &data).expect("not Q4_1");
+            return Ok(Some((QFormat::Q8_0, wide)));
+        }
         Ok(Some((f, data)))
     }
 
     /// Tensor `name` (2-D) as rows of blocks for `q`, and where they came from.
     fn rows(&mut self, name: &str, q: Quant) -> Result<(QFormat, Vec<u8>, String)> {
         if let Some((f, data)) = self.kept_blocks(name, q)? {
-            return Ok((f, data, format!("GGUF {f} blocks kept")));
+            let from = self.gguf_type(name).and_then(kept);
+            return Ok(match from {
+                Some(g) if g != f => (f, data, format!("GGUF {g} blocks widened to {f}, exactly")),
+                _ => (f, data, format!("GGUF {f} blocks kept")),
+            });
         }
         let t = self.gguf_type(name);
         let f = target(q, t);
