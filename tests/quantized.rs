@@ -12,14 +12,20 @@ use selectinfer::model::{FfnRows, LoadOptions, Model};
 use selectinfer::sys::device::Quant;
 use std::path::{Path, PathBuf};
 
+/// The SmolLM2 folder with both quantized files, written once per test
+/// process (the tests run in parallel; two writers of one file raced).
 fn smollm2() -> PathBuf {
-    let dir = common::model_dir("smollm2-135m-instruct");
-    for q in [Quant::Q8, Quant::Q4] {
-        if !selectinfer::tools::quantize::is_quantized(&dir, q) {
-            selectinfer::tools::quantize::quantize_model(&dir, q).unwrap();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = common::model_dir("smollm2-135m-instruct");
+        for q in [Quant::Q8, Quant::Q4] {
+            if !selectinfer::tools::quantize::is_quantized(&dir, q) {
+                selectinfer::tools::quantize::quantize_model(&dir, q).unwrap();
+            }
         }
-    }
-    dir
+        dir
+    })
+    .clone()
 }
 
 fn f32_tensor(dir: &Path, name: &str) -> Vec<f32> {

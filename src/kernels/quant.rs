@@ -70,13 +70,20 @@ impl QFormat {
     pub fn bits_per_weight(self) -> f64 {
         self.block_bytes() as f64 * 8.0 / QK as f64
     }
+
+    /// Whether a `Q8_0` block holds this format's weights exactly
+    /// ([`widen_to_q8_0`]): every format but `Q4_1`, whose `d·q + m` is
+    /// not a scale times an integer in general.
+    pub const fn exact_in_q8_0(self) -> bool {
+        !matches!(self, Self::Q4_1)
+    }
 }
 
 /// `row` (blocks of `format`) as `Q8_0` blocks holding exactly the same
-/// weights, where that exists: a `Q4_0` or `Q5_0` block's weights are its
-/// scale `d` times the integers `q-8` or `q-16`, which a `Q8_0` block with
-/// the same `d` holds as they are; `Q8_0` rows are returned as they are.
-/// `None` for `Q4_1` (`d·q + m` is not `d'` times an integer in general).
+/// weights, where that exists ([`QFormat::exact_in_q8_0`]): a `Q4_0` or
+/// `Q5_0` block's weights are its scale `d` times the integers `q-8` or
+/// `q-16`, which a `Q8_0` block with the same `d` holds as they are; `Q8_0`
+/// rows are returned as they are. `None` for `Q4_1`.
 pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
     let offset = match format {
         QFormat::Q8_0 => return Some(row.to_vec()),
@@ -84,6 +91,7 @@ pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
         QFormat::Q4_0 => 8,
         QFormat::Q5_0 => 16,
     };
+    debug_assert!(format.exact_in_q8_0());
     let bb = format.block_bytes();
     debug_assert!(row.len().is_multiple_of(bb));
     let mut out = Vec::with_capacity(row.len() / bb * QFormat::Q8_0.block_bytes());
@@ -125,8 +133,8 @@ pub struct Q8Act {
 /// magnitude to the nearest integer, ties to even (as ggml's AVX2
 /// `quantize_row_q8_0` rounds, `_mm256_round_ps` nearest), in a loop that
 /// vectorises; `f32::round` is a libm call per value, which made the
-/// activations' quantization ~2 % of a Qwen q4 decode step, all of it on
-/// one thread between the parallel kernels.
+/// activations' quantization 1–2 % of a Qwen q4 decode step's samples, all
+/// of it on one thread between the parallel kernels.
 const ROUND: f32 = 12_582_912.0;
 
 impl Q8Act {
@@ -429,6 +437,7 @@ pub(crate) mod tests {
                 }
                 None => assert_eq!(f, QFormat::Q4_1),
             }
+            assert_eq!(f.exact_in_q8_0(), f != QFormat::Q4_1);
         }
     }
 

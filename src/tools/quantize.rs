@@ -92,13 +92,15 @@ impl Source {
         Some(content.tensor_infos.get(names.get(name)?)?.ggml_dtype)
     }
 
-    /// Tensor `name`'s raw GGUF blocks in HF row order, if `q` keeps them.
+    /// Tensor `name`'s raw GGUF blocks in HF row order, if `q` keeps them
+    /// (q8 as they are or widened: [`Source::rows`]).
     fn kept_blocks(&mut self, name: &str, q: Quant) -> Result<Option<(QFormat, Vec<u8>)>> {
         let Some(f) = self.gguf_type(name).and_then(kept) else {
             return Ok(None);
         };
-        // q8 widens Q4_0/Q5_0 blocks to Q8_0 exactly; Q4_1 is requantized.
-        if q == Quant::Q8 && f == QFormat::Q4_1 {
+        // q8 keeps the blocks it can widen to Q8_0 exactly (`rows`); the
+        // rest are requantized.
+        if q == Quant::Q8 && !f.exact_in_q8_0() {
             return Ok(None);
         }
         let (content, file, names) = self.gguf.as_mut().expect("gguf_type found it");
@@ -132,20 +134,24 @@ impl Source {
             }
             _ => data,
         };
-        if q == Quant::Q8 {
-            let wide = crate::kernels::quant::widen_to_q8_0(f, &data).expect("not Q4_1");
-            return Ok(Some((QFormat::Q8_0, wide)));
-        }
         Ok(Some((f, data)))
     }
 
     /// Tensor `name` (2-D) as rows of blocks for `q`, and where they came from.
     fn rows(&mut self, name: &str, q: Quant) -> Result<(QFormat, Vec<u8>, String)> {
         if let Some((f, data)) = self.kept_blocks(name, q)? {
-            let from = self.gguf_type(name).and_then(kept);
-            return Ok(match from {
-                Some(g) if g != f => (f, data, format!("GGUF {g} blocks widened to {f}, exactly")),
-                _ => (f, data, format!("GGUF {f} blocks kept")),
+            let wide = QFormat::Q8_0;
+            return Ok(if q == Quant::Q8 && f != wide {
+                let data = crate::kernels::quant::widen_to_q8_0(f, &data).with_context(|| {
+                    format!("{name}: GGUF {f} blocks have no exact {wide} form")
+                })?;
+                (
+                    wide,
+                    data,
+                    format!("GGUF {f} blocks widened to {wide}, exactly"),
+                )
+            } else {
+                (f, data, format!("GGUF {f} blocks kept"))
             });
         }
         let t = self.gguf_type(name);
