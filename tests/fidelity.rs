@@ -242,12 +242,15 @@ fn the_head_screen_keeps_the_greedy_tokens_and_with_every_row_exact_is_dense() {
 #[test]
 fn gating_a_quantized_model_is_refused_with_the_reason() {
     let s = fidelity::candidate_spec(&spec(), "mode=coreinfer,dtype=q8,phi=0.5,keep=0.5").unwrap();
-    let mut engine = s.load().unwrap();
-    let e = engine
-        .forced_logits_for(&[1, 2, 3], &[4], &[s.effective_params()], false)
-        .unwrap_err();
-    let e = format!("{e:#}");
-    assert!(e.contains("gating") && e.contains("q8/q4"), "{e}");
+    // Refused at load, before any weight is read.
+    let e = match s.load() {
+        Ok(_) => panic!("a gated q8 engine loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("gating") && e.contains("q8/q4") && e.contains("gate_keep 1"),
+        "{e}"
+    );
 }
 
 #[test]

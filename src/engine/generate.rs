@@ -73,6 +73,12 @@ impl Engine {
         let mut opts = opts.clone();
         if let Some(m) = &method {
             opts.ffn = m.ffn_rows();
+            if let (Some(q), Some(_)) = (opts.quant, m.params.gate_keep_count()) {
+                bail!(
+                    "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated: dtype {} needs gate_keep 1",
+                    q.name()
+                );
+            }
         }
         let model = Model::from_dir(dir, &opts)?;
         // After the load: the weights' buffers were placed as before (the
@@ -87,7 +93,7 @@ impl Engine {
             Some(m) => m.selector(&mlps, model.config().intermediate_size)?,
             None => None,
         };
-        Ok(Self {
+        let mut engine = Self {
             model,
             codec,
             method,
@@ -98,7 +104,34 @@ impl Engine {
             vocab: None,
             vocab_keep: None,
             head_screen: None,
-        })
+        };
+        engine.warm_up()?;
+        Ok(engine)
+    }
+
+    /// One short reply, discarded, as the last step of the load: the
+    /// first request then finds the code it runs paged in, the threads and
+    /// their allocator state made, and (in selective modes) the rows
+    /// arranged once, so that it is as fast as the next, and the memory
+    /// after the load is the memory the engine serves with. Decode kernels
+    /// alone are ~3.5 MiB of the binary's pages.
+    fn warm_up(&mut self) -> Result<()> {
+        let prompt = self.codec.chat_prompt_ids("Hi")?;
+        let opts = GenerateOptions {
+            max_new_tokens: 2,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        self.generate_ids(&prompt, &opts, |_| true)
+            .context("warming up the engine with a two-token reply")?;
+        // Back to the order of the load: a reply's selective computation
+        // arranges the neurons it chose first, and prefill sums the neurons
+        // in the order they are stored, so an engine just loaded computes
+        // as one that never warmed up (to the last bit).
+        for b in self.model.blocks.iter_mut() {
+            b.mlp.unarrange()?;
+        }
+        Ok(())
     }
 
     /// φ and α the engine selects with per prompt, `None` when the mode
@@ -364,6 +397,7 @@ impl Engine {
         }
         self.vocab_for(prompt, false)?;
         let mut cache = self.model.new_cache();
+        cache.reserve(prompt.len() + forced.len());
         let (logits, chosen) = match rows {
             Some(r) => (self.model.forward(prompt, &mut cache)?, Some(r.clone())),
             None => self.prefill(prompt, &mut cache)?,
@@ -425,6 +459,7 @@ impl Engine {
         let layers = self.model.blocks.len();
         let mut counts = vec![vec![PromptCounts::default(); layers]; rules.len()];
         let mut cache = self.model.new_cache();
+        cache.reserve(prompt.len() + forced.len());
         let logits = {
             let (model, blocks) = (&self.model, &self.model.blocks);
             let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
@@ -550,11 +585,15 @@ impl Engine {
             None => Reuse::none(self.model.new_cache()),
         };
         let cached = reuse.tokens;
+        let mut cache = reuse.cache;
+        // The request's whole KV room at once: its memory is known at
+        // admission and the cache never grows (nor copies) mid-reply.
+        cache.reserve(prompt.len() + opts.max_new_tokens);
         let keep = checkpoints.is_some();
         let mut checkpoints = checkpoints.unwrap_or_default().to_vec();
         checkpoints.push(prompt.len());
         let mut steps = EngineSteps {
-            cache: reuse.cache,
+            cache,
             base: reuse.counts,
             checkpoints,
             snapshots: Vec::new(),

@@ -54,6 +54,7 @@ impl KvCache {
                         k: copy(&c.k)?,
                         v: copy(&c.v)?,
                         len: c.len,
+                        room: c.room,
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -72,6 +73,15 @@ impl KvCache {
         Ok(())
     }
 
+    /// Sizes the buffers for `positions` in all (a request's prompt plus its
+    /// `max_new_tokens`): the next append allocates exactly that room once,
+    /// instead of growing by [`GROW_BY`] steps, each step a copy of
+    /// everything cached with both copies alive. Positions past the room
+    /// still grow the buffers, by steps.
+    pub fn reserve(&mut self, positions: usize) {
+        self.layers.iter_mut().for_each(|c| c.room = positions);
+    }
+
     /// Forgets every position (and frees the buffers).
     pub fn reset(&mut self) {
         self.layers
@@ -87,6 +97,9 @@ pub struct LayerCache {
     k: Option<Tensor>,
     v: Option<Tensor>,
     len: usize,
+    /// Positions the buffers are given when they first need to grow (see
+    /// [`KvCache::reserve`]; 0: none reserved).
+    room: usize,
 }
 
 impl LayerCache {
@@ -115,7 +128,13 @@ impl LayerCache {
         let (b, heads, seq, head_dim) = k.dims4()?;
         let end = self.len + seq;
         let room = |buffer: &Option<Tensor>| {
-            grown(buffer, (b, heads, head_dim), k.dtype(), k.device(), end)
+            grown(
+                buffer,
+                (b, heads, head_dim),
+                k.dtype(),
+                k.device(),
+                (end, self.room),
+            )
         };
         let (kb, vb) = (room(&self.k)?, room(&self.v)?);
         kb.slice_set(k, 2, self.len)?;
@@ -142,7 +161,7 @@ impl LayerCache {
                 (1, kv_heads, head_dim),
                 DType::F32,
                 &Device::Cpu,
-                end,
+                (end, self.room),
             )
         };
         let (kb, vb) = (room(&self.k)?, room(&self.v)?);
@@ -166,13 +185,14 @@ impl LayerCache {
 }
 
 /// `buffer` (or a new `[batch, heads, 0, head_dim]` one) with room for `end`
-/// positions: grown by whole [`GROW_BY`] steps, keeping what it holds.
+/// positions, keeping what it holds: grown to `reserved` positions when
+/// those hold `end`, else to whole [`GROW_BY`] steps.
 fn grown(
     buffer: &Option<Tensor>,
     (batch, heads, head_dim): (usize, usize, usize),
     dtype: DType,
     device: &Device,
-    end: usize,
+    (end, reserved): (usize, usize),
 ) -> Result<Tensor> {
     let capacity = match buffer {
         Some(b) => {
@@ -191,7 +211,11 @@ fn grown(
     if let (Some(b), true) = (buffer, end <= capacity) {
         return Ok(b.clone());
     }
-    let more = end.div_ceil(GROW_BY) * GROW_BY - capacity;
+    let target = match end <= reserved {
+        true => reserved,
+        false => end.div_ceil(GROW_BY) * GROW_BY,
+    };
+    let more = target - capacity;
     let more = Tensor::zeros((batch, heads, more, head_dim), dtype, device)?;
     Ok(match buffer {
         Some(b) => Tensor::cat(&[b, &more], 2)?,
@@ -348,5 +372,47 @@ mod tests {
         assert_eq!(cache.capacity(), 2 * GROW_BY);
         cache.truncate(5).unwrap();
         assert_eq!(cache.capacity(), GROW_BY);
+    }
+
+    /// A reserved cache is allocated once, to exactly the reserved room, by
+    /// a prefill followed by decode steps; only positions past the room
+    /// grow it, by a step; the rows read back as written throughout.
+    #[test]
+    fn a_reserved_cache_is_allocated_once_to_its_room() {
+        let (heads, hd) = (2, 4);
+        let room = GROW_BY + 44;
+        let mut cache = KvCache::new(1);
+        cache.reserve(room);
+        let prompt: Vec<f32> = (0..heads * 7 * hd).map(|i| i as f32).collect();
+        cache.layers[0]
+            .append(
+                &tensor(&prompt, heads, 7, hd),
+                &tensor(&prompt, heads, 7, hd),
+            )
+            .unwrap();
+        assert_eq!(cache.capacity(), room);
+        let storage = |c: &KvCache| {
+            let k = c.layers[0].k.as_ref().unwrap();
+            let (s, _) = k.storage_and_layout();
+            match &*s {
+                candle_core::Storage::Cpu(CpuStorage::F32(d)) => d.as_ptr() as usize,
+                _ => unreachable!("f32 CPU buffers"),
+            }
+        };
+        let first = storage(&cache);
+        for p in 7..room {
+            let r = rows(p, heads, hd, 0.0);
+            let last = cache.layers[0]
+                .push_row_and((&r, &r), (heads, hd), |(k, kl), _| Ok(gather(k, kl)))
+                .unwrap();
+            assert_eq!(last[last.len() - hd..], r[r.len() - hd..], "position {p}");
+        }
+        assert_eq!((cache.len(), cache.capacity()), (room, room));
+        assert_eq!(storage(&cache), first, "the buffers were reallocated");
+        let r = rows(room, heads, hd, 0.0);
+        cache.layers[0]
+            .push_row_and((&r, &r), (heads, hd), |_, _| Ok(()))
+            .unwrap();
+        assert_eq!(cache.capacity(), 2 * GROW_BY);
     }
 }

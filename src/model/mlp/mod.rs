@@ -216,6 +216,15 @@ impl Mlp {
         Ok(())
     }
 
+    /// Stores the neurons in canonical order again, as loaded (after
+    /// [`Mlp::arrange`]; a no-op on an MLP in that order).
+    pub fn unarrange(&mut self) -> Result<()> {
+        match self.order {
+            Some(_) => self.arrange(&(0..self.width).collect::<Vec<_>>()),
+            None => Ok(()),
+        }
+    }
+
     /// Whether [`Mlp::arrange`] moves the neurons within their own buffer,
     /// with no copy of the layer: bundles always; rows where both matrices
     /// permute in place ([`crate::kernels::gather::permutes_in_place`];
