@@ -228,12 +228,29 @@ impl Bundles {
     /// into `out` (`[range.len(), H]`).
     fn dequantize(&self, part: usize, range: std::ops::Range<usize>, out: &mut [f32]) {
         use rayon::prelude::*;
+        self.dequantize_each(part, range.into_par_iter(), out)
+    }
+
+    /// Rows `part` of bundles `rows` (storage positions, in the order
+    /// wanted), dequantized into `out` (`[rows.len(), H]`).
+    fn dequantize_rows(&self, part: usize, rows: &[u32], out: &mut [f32]) {
+        use rayon::prelude::*;
+        self.dequantize_each(part, rows.par_iter().map(|&i| i as usize), out)
+    }
+
+    fn dequantize_each(
+        &self,
+        part: usize,
+        rows: impl rayon::iter::IndexedParallelIterator<Item = usize>,
+        out: &mut [f32],
+    ) {
+        use rayon::prelude::*;
         let (l, h, bb) = (&self.layout, self.layout.hidden, self.layout.bundle_bytes());
         let format = [l.gate, l.up, l.down][part];
         let in_quads = l.in_quads(&self.data);
         let buf = &self.data[..];
         out.par_chunks_mut(h)
-            .zip(range)
+            .zip(rows)
             .with_min_len(8)
             .for_each(|(o, i)| match part {
                 0 | 1 => {
@@ -332,8 +349,17 @@ impl Bundles {
 
     /// `down_proj` of activations `a [.., N]` (storage order) → `[.., H]`:
     /// a chunk of down rows dequantized at a time, its product added to
-    /// the output.
+    /// the output, the neurons summed in storage order.
     pub fn down(&self, a: &Tensor) -> Result<Tensor> {
+        self.down_in_order(a, None)
+    }
+
+    /// [`Bundles::down`], the neurons summed in the order `order` names
+    /// them (storage positions, each once; `None`: storage order): with a
+    /// canonical order, the result does not depend on where an
+    /// arrangement left the neurons. Each chunk's down rows and its
+    /// columns of `a` are gathered in that order.
+    pub fn down_in_order(&self, a: &Tensor, order: Option<&[u32]>) -> Result<Tensor> {
         let (h, n) = (self.layout.hidden, self.count);
         if a.dims().last() != Some(&n) {
             bail!(
@@ -341,19 +367,44 @@ impl Bundles {
                 a.dims()
             );
         }
+        if let Some(o) = order {
+            if o.len() != n || !is_permutation(o.iter().map(|&i| i as usize), n) {
+                bail!(
+                    "an order of {} neurons for {n} neuron bundles is not a permutation of them",
+                    o.len()
+                );
+            }
+        }
         let mut dims = a.dims()[..a.rank() - 1].to_vec();
         dims.push(h);
         let m = dims[..dims.len() - 1].iter().product::<usize>();
         let a: Vec<f32> = a.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let mut y = vec![0f32; m * h];
         let step = self.chunk();
+        // The chunk's columns of `a`, gathered when an order is given.
+        let mut cols = vec![0f32; if order.is_some() { m * step.min(n) } else { 0 }];
         gemm::with_scratch(step.min(n) * h, |w| {
             for n0 in (0..n).step_by(step) {
                 let r = n0..(n0 + step).min(n);
                 let len = r.len();
                 let w = &mut w[..len * h];
-                self.dequantize(2, r, w);
-                let part = View::new(&a, m, n).columns(n0, len);
+                let part = match order {
+                    Some(o) => {
+                        let rows = &o[r];
+                        self.dequantize_rows(2, rows, w);
+                        let cols = &mut cols[..m * len];
+                        for (dst, src) in cols.chunks_exact_mut(len).zip(a.chunks_exact(n)) {
+                            dst.iter_mut()
+                                .zip(rows)
+                                .for_each(|(d, &i)| *d = src[i as usize]);
+                        }
+                        View::new(cols, m, len)
+                    }
+                    None => {
+                        self.dequantize(2, r, w);
+                        View::new(&a, m, n).columns(n0, len)
+                    }
+                };
                 let into = Out {
                     data: &mut y,
                     cols: h,
@@ -416,6 +467,62 @@ mod tests {
         // The right widths go through: `[2, 5]` activations, `[2, 32]` out.
         let a = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
         assert_eq!(b.down(&a).unwrap().dims(), [2, 32]);
+    }
+
+    /// Summing in a given order equals summing bundles stored in that
+    /// order, to the bit, over more than one prefill chunk; an order that
+    /// is not a permutation is refused.
+    #[test]
+    fn down_in_an_order_is_down_of_the_bundles_stored_so() {
+        let layout = BundleLayout {
+            hidden: 32,
+            gate: QFormat::Q8_0,
+            up: QFormat::Q8_0,
+            down: QFormat::Q8_0,
+            rows: RowForm::Blocks,
+            down_form: DownForm::Rows,
+        };
+        let (bb, m) = (layout.bundle_bytes(), 3);
+        let n = (1 << 18) / 32 + 37;
+        // Bytes 0..96: every two-byte f16 scale is finite.
+        let bundle = |i: usize| (0..bb).map(move |j| ((i * 31 + j * 7) % 97) as u8);
+        let data: Vec<u8> = (0..n).flat_map(bundle).collect();
+        let order: Vec<u32> = (0..n as u32).map(|k| (k * 7919) % n as u32).collect();
+        let a: Vec<f32> = (0..m * n)
+            .map(|i| ((i * 13) % 29) as f32 * 0.1 - 1.4)
+            .collect();
+        let moved: Vec<u8> = order.iter().flat_map(|&i| bundle(i as usize)).collect();
+        let a_moved: Vec<f32> = a
+            .chunks_exact(n)
+            .flat_map(|row| order.iter().map(|&i| row[i as usize]))
+            .collect();
+        let b = Bundles::new(layout, data).unwrap();
+        let stored_so = Bundles::new(layout, moved).unwrap();
+        let t = |v: &[f32]| Tensor::from_slice(v, (m, n), &Device::Cpu).unwrap();
+        let got = b.down_in_order(&t(&a), Some(&order)).unwrap();
+        let want = stored_so.down(&t(&a_moved)).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&got), bits(&want));
+        assert_ne!(
+            bits(&got),
+            bits(&b.down(&t(&a)).unwrap()),
+            "storage order sums differently"
+        );
+        let mut twice = order.clone();
+        twice[1] = twice[0];
+        let err = b
+            .down_in_order(&t(&a), Some(&twice))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a permutation"), "{err}");
     }
 
     /// Each bundle's first gate byte (where it lies in quads too).

@@ -452,6 +452,12 @@ impl Mlp {
     /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
     pub fn down(&self, a: &Tensor) -> Result<Tensor> {
         let down_t = match &self.store {
+            // Summed in canonical order, wherever the last prompt's
+            // arrangement left the neurons: a prompt's prefill (and so its
+            // selection and reply) does not depend on the prompt before.
+            Store::Bundles(b) if self.order.is_some() && a.device().is_cpu() => {
+                return b.down_in_order(a, Some(&self.stored_rows()));
+            }
             Store::Bundles(b) => return b.down(a),
             Store::Rows { down_t, .. } => down_t,
         };
