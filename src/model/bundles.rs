@@ -434,16 +434,21 @@ mod tests {
     use super::*;
     use crate::kernels::quant::QFormat;
 
-    /// `n` bundles whose bytes all hold their index.
-    fn numbered(n: usize) -> Bundles {
-        let layout = BundleLayout {
+    /// `Q8_0` bundles of hidden size 32, as a file holds them.
+    fn q8_layout() -> BundleLayout {
+        BundleLayout {
             hidden: 32,
             gate: QFormat::Q8_0,
             up: QFormat::Q8_0,
             down: QFormat::Q8_0,
             rows: RowForm::Blocks,
             down_form: DownForm::Rows,
-        };
+        }
+    }
+
+    /// `n` bundles whose bytes all hold their index.
+    fn numbered(n: usize) -> Bundles {
+        let layout = q8_layout();
         let bb = layout.bundle_bytes();
         let data = (0..n).flat_map(|i| vec![i as u8; bb]).collect();
         Bundles::new(layout, data).unwrap()
@@ -474,14 +479,7 @@ mod tests {
     /// is not a permutation is refused.
     #[test]
     fn down_in_an_order_is_down_of_the_bundles_stored_so() {
-        let layout = BundleLayout {
-            hidden: 32,
-            gate: QFormat::Q8_0,
-            up: QFormat::Q8_0,
-            down: QFormat::Q8_0,
-            rows: RowForm::Blocks,
-            down_form: DownForm::Rows,
-        };
+        let layout = q8_layout();
         let (bb, m) = (layout.bundle_bytes(), 3);
         let n = (1 << 18) / 32 + 37;
         // Bytes 0..96: every two-byte f16 scale is finite.
