@@ -607,6 +607,13 @@ def main(argv=None):
             print(f"client {procs.index(p)} did not end; terminated", flush=True)
             p.terminate()
             p.join(5)
+            if p.exitcode is None:
+                # rclpy handles SIGTERM itself: a client stuck in its C code
+                # would keep this process from exiting (multiprocessing
+                # joins its children at exit), so it is killed.
+                print(f"client {procs.index(p)} ignored SIGTERM; killed", flush=True)
+                p.kill()
+                p.join(5)
             died.append(procs.index(p))
     drain(0.5)
     rss_end = runner.rss_mib()
