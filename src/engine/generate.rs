@@ -73,7 +73,10 @@ impl Engine {
         let mut opts = opts.clone();
         if let Some(m) = &method {
             opts.ffn = m.ffn_rows();
-            if let (Some(q), Some(_)) = (opts.quant, m.params.gate_keep_count()) {
+            // On the CPU a quantized MLP is bundles (a device gets f16 rows).
+            if let (Some(q), Some(_), true) =
+                (opts.quant, m.params.gate_keep_count(), opts.device.is_cpu())
+            {
                 bail!(
                     "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated: dtype {} needs gate_keep 1",
                     q.name()
@@ -111,10 +114,10 @@ impl Engine {
 
     /// One short reply, discarded, as the last step of the load: the
     /// first request then finds the code it runs paged in, the threads and
-    /// their allocator state made, and (in selective modes) the rows
-    /// arranged once, so that it is as fast as the next, and the memory
-    /// after the load is the memory the engine serves with. Decode kernels
-    /// alone are ~3.5 MiB of the binary's pages.
+    /// their allocator state made, and (in selective modes) the
+    /// arrangement run once, so that it is as fast as the next, and the
+    /// memory after the load is the memory the engine serves with. Decode
+    /// kernels alone are ~3.5 MiB of the binary's pages.
     fn warm_up(&mut self) -> Result<()> {
         let prompt = self.codec.chat_prompt_ids("Hi")?;
         let opts = GenerateOptions {
