@@ -78,7 +78,8 @@ impl Engine {
                 (opts.quant, m.params.gate_keep_count(), opts.device.is_cpu())
             {
                 bail!(
-                    "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated: dtype {} needs gate_keep 1",
+                    "{}: dtype {} needs gate_keep 1",
+                    crate::model::mlp::QUANTIZED_NOT_GATED,
                     q.name()
                 );
             }

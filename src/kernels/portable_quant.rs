@@ -9,7 +9,7 @@ use super::quant::{f16_at, Q8Act, QFormat, QK};
 /// A block's 32 quantized weights as integers, and the `(scale, offset)`
 /// that turn `q` into `scale·q + offset`.
 #[inline]
-fn unpack(format: QFormat, b: &[u8], q: &mut [i32; QK]) -> (f32, f32) {
+pub(super) fn unpack(format: QFormat, b: &[u8], q: &mut [i32; QK]) -> (f32, f32) {
     let d = f16_at(b, 0);
     let nibbles = |qs: &[u8], q: &mut [i32; QK]| {
         for j in 0..16 {

@@ -95,17 +95,12 @@ pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
     let bb = format.block_bytes();
     debug_assert!(row.len().is_multiple_of(bb));
     let mut out = Vec::with_capacity(row.len() / bb * QFormat::Q8_0.block_bytes());
+    let mut q = [0i32; QK];
     for b in row.chunks_exact(bb) {
+        // The same scale, then the block's integers as the kernels unpack them.
         out.extend_from_slice(&b[..2]);
-        let (qh, qs) = match format {
-            QFormat::Q5_0 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..]),
-            _ => (0, &b[2..]),
-        };
-        for i in 0..QK {
-            let nibble = if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 } as i32;
-            let q = nibble | (((qh >> i) & 1) as i32) << 4;
-            out.push((q - offset) as i8 as u8);
-        }
+        portable_quant::unpack(format, b, &mut q);
+        out.extend(q.iter().map(|&v| (v - offset) as i8 as u8));
     }
     Some(out)
 }

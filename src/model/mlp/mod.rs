@@ -41,6 +41,10 @@ enum Store {
     Bundles(Bundles),
 }
 
+/// Why a quantized MLP (bundles) refuses per-token gating.
+pub const QUANTIZED_NOT_GATED: &str =
+    "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated";
+
 #[derive(Debug, Clone)]
 pub struct Mlp {
     store: Store,
@@ -280,9 +284,7 @@ impl Mlp {
     pub fn gated(mut self, keep: Option<usize>) -> Result<Self> {
         if let Some(k) = keep {
             if matches!(self.store, Store::Bundles(_)) {
-                anyhow::bail!(
-                    "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated"
-                );
+                anyhow::bail!(QUANTIZED_NOT_GATED);
             }
             if self.order.is_some() {
                 anyhow::bail!(
