@@ -155,6 +155,10 @@ pub const INSTRUCTION_TOPIC: &str = "~/instructions";
 pub const REPLY_PACE_MS: f64 = 5.0;
 /// Node only: seconds between `/diagnostics` messages.
 pub const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
+/// Node only: seconds an action goal's result stays available to
+/// `get_result` after the goal ends; then the goal leaves the status topic
+/// and its memory is freed. rcl's default (15 minutes).
+pub const GOAL_RESULT_TIMEOUT_S: f64 = 900.0;
 /// Tasks a request may name when the mode has no ranking file.
 pub const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
 /// `selectinfer eval`: new tokens per example.

@@ -97,7 +97,10 @@ fn run() -> Result<()> {
         "~/generate",
         QosProfile::services_default().keep_last(1000),
     )?;
-    let goals = node.create_action_server::<GenerateAction::Action>("~/generate_stream")?;
+    let goals = node.create_action_server_keeping_results::<GenerateAction::Action>(
+        "~/generate_stream",
+        Some(Duration::from_secs_f64(params.goal_result_timeout_s)),
+    )?;
     let prompts = node.subscribe::<si::Prompt>("~/prompt", deep(1000))?;
     let instructions =
         node.subscribe::<std_msgs::msg::String>(&params.instruction_topic, deep(1000))?;

@@ -47,6 +47,8 @@ const PERIOD_MIN_S: f64 = 0.01;
 const PERIOD_MAX_S: f64 = 3600.0;
 /// A second between replies would stall a queue's answers for minutes.
 const PACE_MAX_MS: f64 = 1000.0;
+/// A day: a planner that asks for a result later than that has lost it.
+const RESULT_TIMEOUT_MAX_S: f64 = 86_400.0;
 
 const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
     Spec {
@@ -256,6 +258,12 @@ pub const PARAMETERS: &[Spec] = &[
         "seconds between /diagnostics messages (load-time)",
         false,
         Values::Float(PERIOD_MIN_S, PERIOD_MAX_S),
+    ),
+    spec(
+        "goal_result_timeout_s",
+        "seconds a finished action goal's result stays available to get_result; then the goal leaves the status topic and its memory is freed (load-time)",
+        false,
+        Values::Float(PERIOD_MIN_S, RESULT_TIMEOUT_MAX_S),
     ),
 ];
 

@@ -27,6 +27,8 @@ pub struct NodeParams {
     pub instruction_topic: String,
     pub diagnostics_period_s: f64,
     pub reply_pace_ms: f64,
+    /// Seconds a finished action goal's result is kept.
+    pub goal_result_timeout_s: f64,
     /// Compute threads (0 = one per core).
     pub threads: usize,
     /// Configure and activate at start-up.
@@ -54,6 +56,7 @@ impl Default for NodeParams {
             instruction_topic: defaults::INSTRUCTION_TOPIC.into(),
             diagnostics_period_s: defaults::DIAGNOSTICS_PERIOD_S,
             reply_pace_ms: defaults::REPLY_PACE_MS,
+            goal_result_timeout_s: defaults::GOAL_RESULT_TIMEOUT_S,
             threads: defaults::THREADS,
             autostart: defaults::AUTOSTART,
         }
@@ -238,6 +241,7 @@ impl NodeParams {
                 }
                 self.diagnostics_period_s = s;
             }
+            "goal_result_timeout_s" => self.goal_result_timeout_s = float(name, v)?,
             _ => bail!(
                 "unknown parameter `{name}`; known: {}",
                 PARAMETERS
@@ -294,6 +298,7 @@ impl NodeParams {
             "reply_pace_ms" => ParameterValue::Double(self.reply_pace_ms),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
             "diagnostics_period_s" => ParameterValue::Double(self.diagnostics_period_s),
+            "goal_result_timeout_s" => ParameterValue::Double(self.goal_result_timeout_s),
             _ => return None,
         })
     }

@@ -449,7 +449,11 @@ where
         let mut goal_info = WrappedNativeMsg::<action_msgs::msg::GoalInfo>::new();
         let mut num_expired = 1;
 
-        while num_expired > 1 {
+        // selectinfer patch: `> 1` in 0.9.7, so the loop never ran: no goal
+        // ever expired (rcl kept every goal handle, and r2r every result,
+        // for the server's life), and the expire timer, never served,
+        // stayed ready. rclcpp loops the same way, while one expired.
+        while num_expired > 0 {
             let ret = unsafe {
                 rcl_action_expire_goals(&self.rcl_handle, &mut *goal_info, 1, &mut num_expired)
             };
@@ -457,11 +461,16 @@ where
                 log::debug!("action server: could not expire goal.");
                 return;
             }
+            if num_expired == 0 {
+                break;
+            }
             let gi = action_msgs::msg::GoalInfo::from_native(&goal_info);
             let uuid = uuid_msg_to_uuid(&gi.goal_id);
             log::debug!("goal expired: {} - {}", uuid, num_expired);
-            // todo
-            // self.goals.remove(&uuid);
+            // selectinfer patch: rcl has freed the goal's handle; drop the
+            // pointer and the goal's cancel channel with its result.
+            self.goals.remove(&uuid);
+            self.cancel_senders.remove(&uuid);
             self.result_msgs.remove(&uuid);
             self.result_requests.remove(&uuid);
         }
@@ -547,16 +556,22 @@ where
 
         let uuid = uuid_msg_to_uuid(&goal_info.goal_id);
 
+        // selectinfer patch: the unknown goal's response lives here until
+        // it is sent. 0.9.7 made it inside the `if` below, so the pointer
+        // sent was to a freed message: serializing it failed ("string
+        // capacity not greater than size") and the request went unanswered.
+        let mut unknown_response: Option<
+            WrappedNativeMsg<
+                <<T as WrappedActionTypeSupport>::GetResult as WrappedServiceTypeSupport>::Response,
+            >,
+        > = None;
         let response_msg = if !goal_exists {
             // Goal does not exists
             let msg = T::make_result_response_msg(
                 action_msgs::msg::GoalStatus::STATUS_UNKNOWN as i8,
                 T::Result::default(),
             );
-            let mut response_msg = WrappedNativeMsg::<
-                <<T as WrappedActionTypeSupport>::GetResult as WrappedServiceTypeSupport>::Response,
-            >::from(&msg);
-            Some(response_msg.void_ptr_mut())
+            Some(unknown_response.insert(WrappedNativeMsg::from(&msg)).void_ptr_mut())
         } else {
             self.result_msgs
                 .get_mut(&uuid)
@@ -742,7 +757,7 @@ where
 
 pub fn create_action_server_helper(
     node: &mut rcl_node_t, action_name: &str, clock_handle: *mut rcl_clock_t,
-    action_ts: *const rosidl_action_type_support_t,
+    action_ts: *const rosidl_action_type_support_t, result_timeout: Option<std::time::Duration>,
 ) -> Result<rcl_action_server_t> {
     let mut server_handle = unsafe { rcl_action_get_zero_initialized_server() };
     let action_name_c_string =
@@ -759,6 +774,18 @@ pub fn create_action_server_helper(
             .cast::<rmw_qos_profile_t>();
         (*goal_qos).history = rmw_qos_history_policy_e::RMW_QOS_POLICY_HISTORY_KEEP_LAST;
         (*goal_qos).depth = GOAL_REQUEST_DEPTH;
+        // selectinfer patch: how long a finished goal's result is kept
+        // (rcl's default: 15 minutes). `result_timeout` (an
+        // `rcl_duration_t`, i64 nanoseconds) is the options' last field.
+        if let Some(t) = result_timeout {
+            const WORDS: usize = 61;
+            const _: () = assert!(
+                std::mem::size_of::<rcl_action_server_options_t>() == WORDS * 8,
+                "rcl_action_server_options_t's layout changed"
+            );
+            let words = (&mut server_options as *mut rcl_action_server_options_t).cast::<i64>();
+            *words.add(WORDS - 1) = i64::try_from(t.as_nanos()).unwrap_or(i64::MAX);
+        }
 
         rcl_action_server_init(
             &mut server_handle,

@@ -926,6 +926,18 @@ impl Node {
     where
         T: WrappedActionTypeSupport,
     {
+        self.create_action_server_keeping_results::<T>(action_name, None)
+    }
+
+    /// selectinfer patch: [`Node::create_action_server`] whose finished
+    /// goals (and their results) are dropped `result_timeout` after they end
+    /// (`None`: rcl's default, 15 minutes).
+    pub fn create_action_server_keeping_results<T: 'static>(
+        &mut self, action_name: &str, result_timeout: Option<std::time::Duration>,
+    ) -> Result<impl Stream<Item = ActionServerGoalRequest<T>> + Unpin>
+    where
+        T: WrappedActionTypeSupport,
+    {
         // for now automatically create a ros clock...
         let mut clock_handle = MaybeUninit::<rcl_clock_t>::uninit();
         let ret = unsafe {
@@ -948,6 +960,7 @@ impl Node {
             action_name,
             clock_handle.as_mut(),
             T::get_ts(),
+            result_timeout,
         )?;
         let server = WrappedActionServer::<T> {
             rcl_handle: server_handle,
