@@ -20,7 +20,7 @@ from unique_identifier_msgs.msg import UUID
 from conftest import NS, start_node, stop_node, wait_ready
 from test_action import Goal, spin_until
 
-RESULT_TIMEOUT_S = 2.0
+RESULT_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
