@@ -17,7 +17,7 @@ from rclpy.executors import SingleThreadedExecutor
 from selectinfer_msgs.action import Generate
 from unique_identifier_msgs.msg import UUID
 
-from conftest import NS, start_node, stop_node, wait_ready
+from conftest import NS, module_node
 from test_action import Goal, spin_until
 
 RESULT_TIMEOUT_S = 3.0
@@ -25,15 +25,8 @@ RESULT_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module")
 def expiring_node(tmp_path_factory):
-    log = tmp_path_factory.mktemp("expiry") / "node.log"
-    proc = start_node(log, f"goal_result_timeout_s:={RESULT_TIMEOUT_S}", "mode:=dense")
-    try:
-        wait_ready(proc, log)
-        yield proc
-    finally:
-        code = stop_node(proc)
-        print(Path(log).read_text()[-3000:])
-        assert code == 0, f"node exit code {code}"
+    yield from module_node(tmp_path_factory, "expiry",
+                           f"goal_result_timeout_s:={RESULT_TIMEOUT_S}", "mode:=dense")
 
 
 def cpu_seconds(pid):
