@@ -157,8 +157,10 @@ pub const REPLY_PACE_MS: f64 = 5.0;
 pub const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
 /// Node only: seconds an action goal's result stays available to
 /// `get_result` after the goal ends; then the goal leaves the status topic
-/// and its memory is freed. rcl's default (15 minutes).
-pub const GOAL_RESULT_TIMEOUT_S: f64 = 900.0;
+/// and its memory is freed. rcl's default is 10 s (Jazzy); a minute leaves
+/// a planner whose executor lags time to ask, and keeps the status list to
+/// the goals of the last minute.
+pub const GOAL_RESULT_TIMEOUT_S: f64 = 60.0;
 /// Tasks a request may name when the mode has no ranking file.
 pub const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
 /// `selectinfer eval`: new tokens per example.

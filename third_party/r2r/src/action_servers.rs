@@ -190,6 +190,10 @@ where
     pub cancel_senders: HashMap<uuid::Uuid, mpsc::Sender<ActionServerCancelRequest>>,
     pub active_cancel_requests: Vec<ActiveCancelRequest>,
     pub goals: HashMap<uuid::Uuid, *mut rcl_action_goal_handle_t>,
+    /// selectinfer patch: a copy of each goal handle (its `impl` pointer),
+    /// finalized when rcl expires the goal (rcl frees only the handle
+    /// itself then), as rclcpp's server keeps one.
+    pub goal_copies: HashMap<uuid::Uuid, rcl_action_goal_handle_t>,
     pub result_msgs: HashMap<uuid::Uuid, Box<dyn VoidPtr>>,
     pub result_requests: HashMap<uuid::Uuid, Vec<rmw_request_id_t>>,
 }
@@ -453,26 +457,42 @@ where
         // ever expired (rcl kept every goal handle, and r2r every result,
         // for the server's life), and the expire timer, never served,
         // stayed ready. rclcpp loops the same way, while one expired.
+        let mut any = false;
         while num_expired > 0 {
+            num_expired = 0;
             let ret = unsafe {
                 rcl_action_expire_goals(&self.rcl_handle, &mut *goal_info, 1, &mut num_expired)
             };
+            // rcl may have expired a goal (freed its handle) and still
+            // report an error (shrinking its array, resetting the timer).
+            if num_expired > 0 {
+                any = true;
+                let gi = action_msgs::msg::GoalInfo::from_native(&goal_info);
+                let uuid = uuid_msg_to_uuid(&gi.goal_id);
+                log::debug!("goal expired: {} - {}", uuid, num_expired);
+                // selectinfer patch: rcl has freed the goal's handle; drop
+                // the pointer, finalize the handle's state through the copy,
+                // and drop the goal's cancel channel with its result.
+                self.goals.remove(&uuid);
+                if let Some(mut copy) = self.goal_copies.remove(&uuid) {
+                    unsafe { rcl_action_goal_handle_fini(&mut copy) };
+                }
+                self.cancel_senders.remove(&uuid);
+                self.result_msgs.remove(&uuid);
+                self.result_requests.remove(&uuid);
+            }
             if ret != RCL_RET_OK as i32 {
                 log::debug!("action server: could not expire goal.");
-                return;
-            }
-            if num_expired == 0 {
                 break;
             }
-            let gi = action_msgs::msg::GoalInfo::from_native(&goal_info);
-            let uuid = uuid_msg_to_uuid(&gi.goal_id);
-            log::debug!("goal expired: {} - {}", uuid, num_expired);
-            // selectinfer patch: rcl has freed the goal's handle; drop the
-            // pointer and the goal's cancel channel with its result.
-            self.goals.remove(&uuid);
-            self.cancel_senders.remove(&uuid);
-            self.result_msgs.remove(&uuid);
-            self.result_requests.remove(&uuid);
+        }
+        if any {
+            // Rejected goals never reach rcl, so never expire: their
+            // cancel channels go once their request is dropped.
+            self.cancel_senders.retain(|_, s| !s.is_closed());
+            // Late subscribers (the status topic keeps its last message)
+            // see the list without the expired goals.
+            self.publish_status();
         }
     }
 
@@ -503,6 +523,7 @@ where
     }
 
     fn add_goal_handle(&mut self, uuid: uuid::Uuid, goal_handle: *mut rcl_action_goal_handle_t) {
+        self.goal_copies.insert(uuid, unsafe { *goal_handle });
         self.goals.insert(uuid, goal_handle);
     }
 
@@ -775,12 +796,15 @@ pub fn create_action_server_helper(
         (*goal_qos).history = rmw_qos_history_policy_e::RMW_QOS_POLICY_HISTORY_KEEP_LAST;
         (*goal_qos).depth = GOAL_REQUEST_DEPTH;
         // selectinfer patch: how long a finished goal's result is kept
-        // (rcl's default: 15 minutes). `result_timeout` (an
+        // (rcl's default: 10 s in Jazzy). `result_timeout` (an
         // `rcl_duration_t`, i64 nanoseconds) is the options' last field.
         if let Some(t) = result_timeout {
             const WORDS: usize = 61;
             const _: () = assert!(
-                std::mem::size_of::<rcl_action_server_options_t>() == WORDS * 8,
+                std::mem::size_of::<rcl_action_server_options_t>() == WORDS * 8
+                    && 5 * std::mem::size_of::<rmw_qos_profile_t>()
+                        + std::mem::size_of::<rcl_allocator_t>()
+                        == (WORDS - 1) * 8,
                 "rcl_action_server_options_t's layout changed"
             );
             let words = (&mut server_options as *mut rcl_action_server_options_t).cast::<i64>();

@@ -931,7 +931,7 @@ impl Node {
 
     /// selectinfer patch: [`Node::create_action_server`] whose finished
     /// goals (and their results) are dropped `result_timeout` after they end
-    /// (`None`: rcl's default, 15 minutes).
+    /// (`None`: rcl's default, 10 s in Jazzy).
     pub fn create_action_server_keeping_results<T: 'static>(
         &mut self, action_name: &str, result_timeout: Option<std::time::Duration>,
     ) -> Result<impl Stream<Item = ActionServerGoalRequest<T>> + Unpin>
@@ -969,6 +969,7 @@ impl Node {
             active_cancel_requests: Vec::new(),
             cancel_senders: HashMap::new(),
             goals: HashMap::new(),
+            goal_copies: HashMap::new(),
             result_msgs: HashMap::new(),
             result_requests: HashMap::new(),
         };
