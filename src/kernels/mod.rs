@@ -2,7 +2,7 @@
 //! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
 //! attention and row gathers, and the [`quant`]ized-row (ggml block)
 //! forms of the products (rows of whole blocks or [`planar`]; the bundled
-//! MLP in [`quant_mlp`]); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
+//! MLP in [`quant_mlp`]), and the one polynomial [`exp`](mod@exp); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
 //! `x86_vnni`: AVX-512 VNNI for the quantized rows, `x86_vnni_planar` for
 //! planar ones;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
@@ -22,6 +22,7 @@
 //! threads wait. Other devices use candle's ops.
 
 mod attention;
+pub mod exp;
 pub mod gather;
 pub mod gemm;
 pub mod matvec;

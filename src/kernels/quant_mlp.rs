@@ -5,6 +5,7 @@
 //! kernels of [`super::quant`] and [`super::planar`], and the quads'
 //! ([`super::quads`]) where the down rows are stored so.
 
+use super::exp::exp;
 use super::planar::{self, RowForm};
 use super::quads::{self, QUAD};
 use super::quant::{axpy, dot, dot2, dot4, Q8Act, QFormat, QK};
@@ -126,7 +127,7 @@ impl BundleLayout {
     }
 }
 
-/// `silu(g) · u`, with [`exp`]: the same bits for a neuron wherever it is
+/// `silu(g) · u`, with [`exp`](super::exp::exp): the same bits for a neuron wherever it is
 /// computed (one at a time, or four lanes at once in [`swiglu4`]).
 #[inline(always)]
 pub fn swiglu(g: f32, u: f32) -> f32 {
@@ -138,35 +139,6 @@ pub fn swiglu(g: f32, u: f32) -> f32 {
 #[inline(always)]
 pub fn swiglu4(g: [f32; 4], u: [f32; 4]) -> [f32; 4] {
     std::array::from_fn(|j| swiglu(g[j], u[j]))
-}
-
-/// `e^x` within 2 ulp for `x` in [−87, 88] (below, `e^−87`; above, `e^88`,
-/// never infinite; NaN gives NaN), inlined: the libm call per neuron cost
-/// the quantized MLP 10–15 % of its speed in L3 (docs/BENCHMARKS.md).
-/// Cephes' `expf`: `x = n·ln2 + r`,
-/// `|r| ≤ ln2/2`, `e^r` by its degree-7 polynomial, `2^n` by the exponent
-/// bits. Plain multiplies and adds, never fused, so that the scalar and
-/// the vectorised forms give the same bits.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // `1.5·2^23`: adding it rounds to an integer, left in the low bits.
-    const ROUND: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.0, 88.0);
-    let t = x * LOG2E + ROUND;
-    let n = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let nf = t - ROUND;
-    let r = x - nf * LN2_HI - nf * LN2_LO;
-    let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 /// Every whole quad of bundles in `buf` (a whole buffer of `layout`, its
@@ -320,33 +292,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Distance in units in the last place between two finite positive floats.
-    fn ulps(a: f32, b: f32) -> u32 {
-        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
-    }
-
-    #[test]
-    fn exp_is_within_two_ulp_over_its_range() {
-        let mut worst = 0;
-        // Every 1/4096 from -87 to 88, and the ends.
-        for i in 0..=(175 * 4096) {
-            let x = -87.0 + i as f32 / 4096.0;
-            let want = (x as f64).exp() as f32;
-            worst = worst.max(ulps(exp(x), want));
-        }
-        assert!(worst <= 2, "worst error {worst} ulp");
-        assert_eq!(exp(0.0), 1.0);
-    }
-
     #[test]
     fn swiglu_saturates_and_keeps_nan() {
         assert_eq!(swiglu(200.0, 2.0), 400.0);
         assert!(swiglu(-200.0, 2.0).abs() < 1e-30);
         assert_eq!(swiglu(0.0, 5.0), 0.0);
         assert!(swiglu(f32::NAN, 1.0).is_nan());
-        assert!(exp(f32::NAN).is_nan());
-        assert_eq!(exp(-1000.0), exp(-87.0));
-        assert!(exp(1000.0).is_finite());
     }
 
     proptest! {

@@ -1,6 +1,7 @@
 //! The x86-64 back end: AVX2/FMA/F16C forms of the dot, row-axpy and
 //! decode-attention kernels, used when [`available`] says the CPU has them.
 
+use super::exp;
 use half::f16;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -266,17 +267,11 @@ unsafe fn exp_ps(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut y = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5e-1,
-    ] {
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp::LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp::LN2_LO), r);
+    let mut y = _mm256_set1_ps(exp::POLY[0]);
+    for c in &exp::POLY[1..] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(*c));
     }
     let y = _mm256_fmadd_ps(
         y,
