@@ -12,8 +12,9 @@
 //! | 2 | [`model`] | the Llama/Qwen2 transformer and checkpoint reading; knows nothing of the method |
 //! | 3 | [`method`] | SelectInfer: parameters, modes, rankings, load plans, prompt selection |
 //! | 4 | [`engine`] | the one loader (every default), prefill + selection + decode loop, sampling, text |
-//! | 5 | [`tools`] | prepare/convert, profile, eval + metrics, bench, synth, the GGUF baseline, device parity |
-//! | 5 | [`serve`] | the request queue, the ROS 2 node (feature `ros`), replay and bags |
+//! | 5 | [`store`] | models by name in the models home, prepare/convert/quantize, installed rankings and presets |
+//! | 6 | [`tools`] | profile, tune, eval + metrics, bench, synth, the GGUF baseline, device parity |
+//! | 6 | [`serve`] | the request queue, the ROS 2 node (feature `ros`), replay and bags |
 //!
 //! `tools` and `serve` sit side by side: neither imports the other. The
 //! binaries in `src/bin` only parse arguments and print.
@@ -23,5 +24,6 @@ pub mod kernels;
 pub mod method;
 pub mod model;
 pub mod serve;
+pub mod store;
 pub mod sys;
 pub mod tools;

@@ -14,8 +14,9 @@ const LAYERS: &[(&str, usize)] = &[
     ("model", 2),
     ("method", 3),
     ("engine", 4),
-    ("tools", 5),
-    ("serve", 5),
+    ("store", 5),
+    ("tools", 6),
+    ("serve", 6),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -19,8 +19,8 @@ fn smollm2() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = common::model_dir("smollm2-135m-instruct");
         for q in [Quant::Q8, Quant::Q4] {
-            if !selectinfer::tools::quantize::is_quantized(&dir, q) {
-                selectinfer::tools::quantize::quantize_model(&dir, q).unwrap();
+            if !selectinfer::store::quantize::is_quantized(&dir, q) {
+                selectinfer::store::quantize::quantize_model(&dir, q).unwrap();
             }
         }
         dir
@@ -254,8 +254,8 @@ fn a_truncated_or_foreign_quantized_file_is_refused_with_a_clear_error() {
     assert!(e.contains("selectinfer quantize"), "{e}");
     // Made from other weights: the Qwen file beside SmolLM2's checkpoint.
     let qwen = common::model_dir("qwen2.5-coder-0.5b-instruct");
-    if !selectinfer::tools::quantize::is_quantized(&qwen, Quant::Q4) {
-        selectinfer::tools::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
+    if !selectinfer::store::quantize::is_quantized(&qwen, Quant::Q4) {
+        selectinfer::store::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
     }
     std::os::unix::fs::symlink(qwen.join(qfile::file_name("q4")), &path).unwrap();
     let e = format!("{:#}", Model::from_dir(tmp.path(), &opts).unwrap_err());

@@ -9,7 +9,7 @@
 //! Layout: the magic `SIQUANT1`, the header's length (u64, little
 //! endian), the JSON [`Header`], zeros up to a multiple of 4096, then the
 //! data; every offset in the header counts from the start of the data.
-//! `tools::quantize` writes it (from the GGUF the model was converted
+//! `store::quantize` writes it (from the GGUF the model was converted
 //! from); [`QFile::open`] refuses a truncated or inconsistent file and
 //! [`QFile::check`] one made from other weights or for another shape.
 

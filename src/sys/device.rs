@@ -20,7 +20,7 @@ pub enum WeightDtype {
     /// ggml's Q8_0 blocks everywhere (CPU).
     Q8,
     /// Each tensor's own 4/5/8-bit GGUF blocks where the neuron-major layout
-    /// keeps them, requantized rows elsewhere (CPU; see `tools::quantize`).
+    /// keeps them, requantized rows elsewhere (CPU; see `store::quantize`).
     Q4,
 }
 

@@ -21,7 +21,7 @@ impl QuantizedModel {
         let mut f =
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let size = f.metadata()?.len();
-        let content = crate::tools::convert::read_gguf_header(path, &mut f)?;
+        let content = crate::store::convert::read_gguf_header(path, &mut f)?;
         let arch = content
             .metadata
             .get("general.architecture")
@@ -204,7 +204,7 @@ impl GgufEngine {
         let cfg = crate::model::Config::from_file(&model_dir.join("config.json"))?;
         let codec = TextCodec::from_dir(model_dir, &cfg.eos_token_ids())?;
         let (model, weight_bytes) =
-            QuantizedModel::load(&model_dir.join(crate::tools::prepare::GGUF_FILE))?;
+            QuantizedModel::load(&model_dir.join(crate::store::prepare::GGUF_FILE))?;
         Ok(Self {
             model,
             codec,

@@ -9,7 +9,6 @@
 //! instrument's retention/speed-up plot ([`plot`]).
 
 pub mod bench;
-pub mod convert;
 pub mod data;
 pub mod eval;
 pub mod fidelity;
@@ -19,7 +18,6 @@ pub mod metrics;
 pub mod parity;
 #[cfg(feature = "plot")]
 pub mod plot;
-pub mod prepare;
 pub mod profile;
-pub mod quantize;
 pub mod synth;
+pub mod tune;

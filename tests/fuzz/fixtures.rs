@@ -25,7 +25,7 @@ pub fn model(dir: &Path, quantized: bool) -> PathBuf {
     let out = dir.join("model");
     selectinfer::tools::synth::write_model(&shape, &out, 3, DType::F32).unwrap();
     if quantized {
-        selectinfer::tools::quantize::quantize_model(&out, Quant::Q8).unwrap();
+        selectinfer::store::quantize::quantize_model(&out, Quant::Q8).unwrap();
     }
     out
 }

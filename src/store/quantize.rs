@@ -30,8 +30,8 @@ use crate::kernels::quant::QFormat;
 use crate::model::checkpoint::safetensors_files;
 use crate::model::qfile::{self, Entry, FfnEntry, Header};
 use crate::model::{weights_sha256, Config, Family};
+use crate::store::convert;
 use crate::sys::device::Quant;
-use crate::tools::convert;
 use anyhow::{Context, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -180,7 +180,7 @@ pub fn quantize_model(dir: &Path, q: Quant) -> Result<PathBuf> {
     let files = safetensors_files(dir)?;
     // SAFETY: the files are not modified while mapped (we own the folder).
     let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files)? };
-    let gguf_path = dir.join(crate::tools::prepare::GGUF_FILE);
+    let gguf_path = dir.join(crate::store::prepare::GGUF_FILE);
     let gguf = if gguf_path.is_file() {
         let mut f = std::fs::File::open(&gguf_path)
             .with_context(|| format!("opening {}", gguf_path.display()))?;
