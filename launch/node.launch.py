@@ -1,11 +1,16 @@
 """Starts selectinfer_node with a parameters file (standard launch_ros API).
 
-    ros2 launch selectinfer node.launch.py [params_file:=/path/to/node.yaml]
+    ros2 launch selectinfer node.launch.py [model:=qwen2.5-coder-0.5b-instruct]
+        [params_file:=/path/to/node.yaml]
         [respawn:=true] [respawn_delay:=1.0] [respawn_max_retries:=-1]
 
 The default parameters file is the installed share/selectinfer/config/node.yaml.
-Its `model` path is relative to the node's working directory; give an absolute
-path (or run from the repository root) on a real install.
+`model` (a catalog name, or a model folder) overrides the file's: a catalog
+model resolves in the models home ($SELECTINFER_MODELS, else
+$XDG_DATA_HOME/selectinfer/models, else ~/.local/share/selectinfer/models),
+is prepared there on first use, and brings its preset
+(share/selectinfer/config/models/NAME.yaml); any key of `params_file` wins
+over the preset's. Works from any working directory.
 
 A node that dies (crash, kill -9, out of memory) is started again after
 `respawn_delay` seconds while `respawn` is true (the default), at most
@@ -30,6 +35,10 @@ from launch_ros.substitutions import FindPackageShare
 def _node(context):
     respawn_delay = float(LaunchConfiguration("respawn_delay").perform(context))
     max_retries = int(LaunchConfiguration("respawn_max_retries").perform(context))
+    parameters = [LaunchConfiguration("params_file")]
+    model = LaunchConfiguration("model").perform(context)
+    if model:
+        parameters.append({"model": model})
     return [
         Node(
             package="selectinfer",
@@ -37,7 +46,7 @@ def _node(context):
             name="selectinfer_node",
             output="screen",
             emulate_tty=True,
-            parameters=[LaunchConfiguration("params_file")],
+            parameters=parameters,
             respawn=LaunchConfiguration("respawn"),
             respawn_delay=respawn_delay,
             respawn_max_retries=max_retries,
@@ -52,6 +61,11 @@ def generate_launch_description():
             [FindPackageShare("selectinfer"), "config", "node.yaml"]
         ),
         description="selectinfer_node parameters (YAML, ros__parameters)",
+    )
+    model = DeclareLaunchArgument(
+        "model",
+        default_value="",
+        description="catalog model name or model folder ('' = the parameters file's)",
     )
     respawn = DeclareLaunchArgument(
         "respawn",
@@ -69,5 +83,6 @@ def generate_launch_description():
         description="restarts at most (-1: no limit)",
     )
     return LaunchDescription(
-        [params_file, respawn, respawn_delay, max_retries, OpaqueFunction(function=_node)]
+        [params_file, model, respawn, respawn_delay, max_retries,
+         OpaqueFunction(function=_node)]
     )

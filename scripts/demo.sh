@@ -10,6 +10,8 @@ PROMPT=${1:-"A mobile robot must carry a box from the kitchen to the lab. List t
 scripts/setup_ros.sh
 # shellcheck disable=SC1091
 source .ros/env.sh
+# Catalog models live in the models home; the repository's models/ here.
+export SELECTINFER_MODELS=${SELECTINFER_MODELS:-$PWD/models}
 cargo build --release --features ros --bins
 ./target/release/selectinfer prepare-model smollm2-135m-instruct
 

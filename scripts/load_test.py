@@ -86,6 +86,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NODE_BIN = ROOT / "target" / "release" / "selectinfer_node"
 PARAMS = ROOT / "config" / "node.yaml"
+# Laid over PARAMS: SmolLM2 f32 load-only, the configuration of the figures.
+TEST_PARAMS = ROOT / "tests" / "ros" / "node-test.yaml"
 NS = "/selectinfer_node"
 KINDS = ("service", "prompt", "action", "string")
 PROMPTS = [
@@ -358,7 +360,8 @@ class NodeRunner:
         self.wait_serving(1, 180)
 
     def _spawn(self):
-        args = [str(NODE_BIN), "--ros-args", "--params-file", str(PARAMS)]
+        args = [str(NODE_BIN), "--ros-args", "--params-file", str(PARAMS),
+                "--params-file", str(TEST_PARAMS)]
         for o in self.a.param:
             args += ["-p", o]
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)

@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 scripts/setup_ros.sh
 # shellcheck disable=SC1091
 source .ros/env.sh
+# Catalog models live in the models home; the repository's models/ here.
+export SELECTINFER_MODELS=${SELECTINFER_MODELS:-$PWD/models}
 cargo build --release --features ros --bins
 ./target/release/selectinfer prepare-model smollm2-135m-instruct
 ./target/release/selectinfer prepare-model qwen2.5-coder-0.5b-instruct

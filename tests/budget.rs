@@ -109,7 +109,14 @@ fn a_budget_below_the_floor_is_refused_naming_it() {
     let out = generate(
         m,
         "hi",
-        &["--mode", "selectinfer", "--memory-budget-mb", "100"],
+        &[
+            "--dtype",
+            "f32",
+            "--mode",
+            "selectinfer",
+            "--memory-budget-mb",
+            "100",
+        ],
     );
     let log = stderr(&out);
     assert!(!out.status.success(), "{log}");
@@ -122,7 +129,18 @@ fn a_budget_below_the_floor_is_refused_naming_it() {
         "names the φ it keeps: {log}"
     );
     // Dense has no γ to give up: the budget must hold every neuron.
-    let out = generate(m, "hi", &["--mode", "dense", "--memory-budget-mb", "200"]);
+    let out = generate(
+        m,
+        "hi",
+        &[
+            "--dtype",
+            "f32",
+            "--mode",
+            "dense",
+            "--memory-budget-mb",
+            "200",
+        ],
+    );
     assert!(
         stderr(&out).contains("holds every FFN neuron"),
         "{}",

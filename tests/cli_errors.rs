@@ -30,11 +30,15 @@ fn assert_clean_error(out: &Output, needles: &[&str]) {
     }
 }
 
+/// `selectinfer generate` in f32 (the copies below hold the f32 weights
+/// only; q4 is the CLI's default).
 fn generate(model: &Path, prompt: &str, extra: &[&str]) -> Output {
     let mut args = vec![
         "generate",
         "--model",
         model.to_str().unwrap(),
+        "--dtype",
+        "f32",
         "--prompt",
         prompt,
     ];

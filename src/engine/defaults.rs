@@ -18,7 +18,8 @@ use std::path::PathBuf;
 /// The settings a front end starts from when it is told nothing.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Defaults {
-    /// Model folder, relative to the working directory.
+    /// A catalog model's name (resolved in the models home:
+    /// `store::home`) or a model folder.
     pub model: &'static str,
     pub dtype: WeightDtype,
     /// `cpu` or `cuda:N`.
@@ -73,8 +74,8 @@ pub struct Defaults {
 /// The command line's defaults: dense, with the paper's operating point
 /// (γ 0.7, δ 0.2, φ 0.4, α 0.2) ready for `--mode`.
 pub const CLI: Defaults = Defaults {
-    model: "models/smollm2-135m-instruct",
-    dtype: WeightDtype::F32,
+    model: MODEL_NAME,
+    dtype: WeightDtype::Q4,
     device: "cpu",
     mode: Mode::Dense,
     task: "qa",
@@ -99,29 +100,18 @@ pub const CLI: Defaults = Defaults {
     seed: 299792458,
 };
 
-/// The ROS node's defaults (`config/node.yaml` states the same values).
-/// SmolLM2-135M is small: the paper's γ 0.7, φ 0.4 degrades its answers
-/// badly, and computing fewer than the loaded neurons (φ < γ) often ends in
-/// repetition (docs/RESULTS.md), so the node loads 90 % of the FFN and
-/// computes all of it; switch to selectinfer on larger models.
+/// The ROS node's defaults (`config/node.yaml` states the node's own; a
+/// catalog model's preset, `config/models/NAME.yaml`, sets the method's
+/// knobs over these): the CLI's, with the first and last layers kept
+/// whole should a mode be chosen without them.
 pub const NODE: Defaults = Defaults {
-    mode: Mode::LoadOnly,
-    // The lm_head's 16 best rows computed exactly behind its 4-bit screen:
-    // every greedy token dense's on SmolLM2's dev prompts, 18 % fewer
-    // decode bytes (docs/RESULTS.md, "The lm_head screen").
-    head_screen: 16,
-    load_ratio: 0.9,
-    static_ratio: 0.3,
-    compute_ratio: 0.7,
-    token_ratio: 0.5,
     dense_layers: &[0, -1],
     ..CLI
 };
 
-/// The model `prepare-model` fetches when told no name (small enough for CI).
+/// The default model: the node's, the CLI's and `prepare-model`'s when
+/// told no name (a catalog name; its preset sets the method's knobs).
 pub const MODEL_NAME: &str = "smollm2-135m-instruct";
-/// Where `prepare-model` puts model folders.
-pub const MODELS_DIR: &str = "models";
 
 /// Allocations of at least this many bytes get a mapping of their own,
 /// returned to the system when freed
@@ -223,9 +213,18 @@ impl Defaults {
     }
 }
 
+/// The dtype of the library's own `Default`s ([`EngineSpec`],
+/// [`LoadOptions`]): the weights as stored, which every model folder has (a
+/// synthetic one has no q4 file). The front ends, CLI and node, default to
+/// [`CLI`]'s q4.
+pub const LIBRARY_DTYPE: WeightDtype = WeightDtype::F32;
+
 impl Default for EngineSpec {
     fn default() -> Self {
-        CLI.engine_spec()
+        EngineSpec {
+            dtype: LIBRARY_DTYPE,
+            ..CLI.engine_spec()
+        }
     }
 }
 
@@ -250,8 +249,8 @@ impl Default for GenerateOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            dtype: CLI.dtype.dtype(),
-            quant: CLI.dtype.quant(),
+            dtype: LIBRARY_DTYPE.dtype(),
+            quant: LIBRARY_DTYPE.quant(),
             device: Device::Cpu, // CLI.device
             max_context: None,
             ffn: FfnRows::All,
@@ -263,14 +262,4 @@ impl Default for LoadOptions {
 /// For serde: a spec file without `prefill_chunk` gets the default.
 pub(crate) fn prefill_chunk() -> usize {
     CLI.prefill_chunk
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_model_folder_is_where_prepare_model_puts_the_default_model() {
-        assert_eq!(CLI.model, format!("{MODELS_DIR}/{MODEL_NAME}"));
-    }
 }

@@ -38,7 +38,9 @@ pub struct EngineSpec {
     pub device: String,
     pub mode: Mode,
     /// Ranking file; `None`: `<model>/ranking/neurons.ranking.safetensors` if present (synthetic models), else
-    /// `rankings/<model folder name>.ranking.safetensors`.
+    /// `rankings/<model folder name>.ranking.safetensors` of the source
+    /// tree (the node and the CLI look in the installed package first:
+    /// `store::installed`).
     pub ranking: Option<PathBuf>,
     /// γ, δ, φ, α, dense layers and the task whose base ranking is used.
     pub params: SelectionParams,
@@ -72,7 +74,7 @@ pub struct EngineSpec {
 impl EngineSpec {
     /// The ranking file this spec uses: explicit, else one inside the model
     /// folder (synthetic models carry theirs), else the model's default in
-    /// `rankings/`.
+    /// the source tree's `rankings/`.
     pub fn ranking_path(&self) -> Option<PathBuf> {
         let inside = self.model.join(crate::method::ranking::IN_MODEL_FILE);
         self.ranking
@@ -80,7 +82,8 @@ impl EngineSpec {
             .or_else(|| inside.is_file().then_some(inside))
             .or_else(|| {
                 self.model.file_name().map(|n| {
-                    Path::new("rankings")
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("rankings")
                         .join(format!("{}.ranking.safetensors", n.to_string_lossy()))
                 })
             })

@@ -18,6 +18,23 @@
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
+/// Layer numbers from layer indices as a user writes them (negative count
+/// from the end: -1 is the last of `n` layers), duplicates dropped.
+pub fn resolve_layers(raw: &[i64], n: usize) -> anyhow::Result<Vec<usize>> {
+    let n = n as i64;
+    let mut layers = Vec::new();
+    for &l in raw {
+        let r = if l < 0 { n + l } else { l };
+        if !(0..n).contains(&r) {
+            anyhow::bail!("layer {l} does not exist (the model has {n} layers)");
+        }
+        if !layers.contains(&(r as usize)) {
+            layers.push(r as usize);
+        }
+    }
+    Ok(layers)
+}
+
 /// The method's knobs, validated together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelectionParams {

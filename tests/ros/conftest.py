@@ -18,16 +18,23 @@ import rclpy
 ROOT = Path(__file__).resolve().parents[2]
 NODE_BIN = ROOT / "target" / "release" / "selectinfer_node"
 PARAMS = ROOT / "config" / "node.yaml"
+# Laid over PARAMS: the configuration the tests' figures rely on.
+TEST_PARAMS = Path(__file__).resolve().parent / "node-test.yaml"
 NS = "/selectinfer_node"
 
 
-def start_node(log_path, *overrides, params=PARAMS):
-    """Starts the node binary; returns the Popen (log in log_path)."""
-    args = [str(NODE_BIN), "--ros-args", "--params-file", str(params)]
+def start_node(log_path, *overrides, params=PARAMS, cwd=ROOT):
+    """Starts the node binary in `cwd` with PARAMS and TEST_PARAMS (or
+    `params` alone, or no file when it is None); returns the Popen (log in
+    log_path)."""
+    files = [PARAMS, TEST_PARAMS] if params == PARAMS else [params] if params else []
+    args = [str(NODE_BIN), "--ros-args"]
+    for f in files:
+        args += ["--params-file", str(f)]
     for o in overrides:
         args += ["-p", o]
     log = open(log_path, "w")
-    return subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_ready(proc, log_path, timeout=120):

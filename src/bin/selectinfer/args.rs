@@ -1,21 +1,38 @@
 //! The flags every engine-loading command shares: model, dtype, device,
 //! memory, and the SelectInfer mode with its parameters (defaults from
-//! `selectinfer::engine::defaults`).
+//! `selectinfer::engine::defaults`, under a catalog model's preset, under
+//! the flags given).
 
-use clap::Args;
+use anyhow::{anyhow, Context, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 use selectinfer::engine::defaults::CLI;
 use selectinfer::engine::EngineSpec;
+use selectinfer::method::params::resolve_layers;
 use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
 use selectinfer::model::head_screen::ScreenBits;
+use selectinfer::model::Config;
+use selectinfer::store::home::{self, Missing};
+use selectinfer::store::installed;
+use selectinfer::store::preset::Preset;
 use selectinfer::sys::device::WeightDtype;
 use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ModelArgs {
-    /// HF-style model folder (config.json, tokenizer.json, *.safetensors).
+    /// A catalog model by name (smollm2-135m-instruct,
+    /// qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct: prepared
+    /// in the models home, $SELECTINFER_MODELS, on first use; its preset
+    /// config/models/NAME.yaml sets every flag not given), or a model folder.
     #[arg(long, default_value = CLI.model)]
-    pub model: PathBuf,
+    pub model: String,
+    /// Ignore the catalog model's preset (the built-in defaults instead).
+    #[arg(long)]
+    pub no_preset: bool,
+    /// The model folder `--model` resolved to ([`ModelArgs::resolve`]).
+    #[arg(skip)]
+    pub folder: PathBuf,
     /// Weight dtype in memory: f32, f16, bf16 (CUDA only), or the quantized
     /// q8 / q4 (CPU; ggml blocks, written by prepare-model).
     #[arg(long, default_value_t = CLI.dtype)]
@@ -81,9 +98,13 @@ pub struct MethodArgs {
     /// κ: per decode token, share of computed neurons run (1 = no gating).
     #[arg(long, default_value_t = CLI.gate_keep)]
     pub gate_keep: f64,
-    /// Layers kept dense, comma-separated (e.g. 0,1,28,29).
-    #[arg(long, value_delimiter = ',')]
-    pub dense_layers: Vec<usize>,
+    /// Layers kept dense, comma-separated; negative count from the end
+    /// (e.g. 0,1,-2,-1).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub dense_layers: Vec<i64>,
+    /// `dense_layers` as layer numbers ([`ModelArgs::resolve`]).
+    #[arg(skip)]
+    pub dense: Vec<usize>,
     /// Per layer, its share of the neurons φ leaves out (one weight per
     /// layer, comma-separated; `scripts/layer_scan.sh` calibrates them);
     /// none = an even split.
@@ -94,7 +115,77 @@ pub struct MethodArgs {
     pub plan_seed: u64,
 }
 
+fn parse<T: std::str::FromStr>(text: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    text.trim().parse().map_err(|e| anyhow!("`{text}`: {e}"))
+}
+
+fn list<T: std::str::FromStr>(text: &str) -> Result<Vec<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    text.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(parse)
+        .collect()
+}
+
 impl ModelArgs {
+    /// Resolves `--model` (a catalog model missing from the models home is
+    /// prepared), lays the model's preset under the flags `given` on the
+    /// command line, finds the installed ranking for a selective mode and
+    /// turns negative dense layers into layer numbers.
+    pub fn resolve(&mut self, given: &ArgMatches) -> Result<()> {
+        let explicit = |id: &str| given.value_source(id) == Some(ValueSource::CommandLine);
+        if let Some(entry) = home::catalog_of(&self.model).filter(|_| !self.no_preset) {
+            if let Some(preset) = Preset::for_model(entry.name)? {
+                for (key, _) in &preset.values {
+                    if !explicit(key) {
+                        let text = preset.flag_text(key).unwrap_or_default();
+                        self.set(key, &text).with_context(|| {
+                            format!("the preset {}: `{key}`", preset.path.display())
+                        })?;
+                    }
+                }
+                log::info!("preset {} (flags given win)", preset.path.display());
+            }
+        }
+        let model = home::resolve(&self.model, self.dtype, Missing::Prepare)?;
+        self.folder = model.folder.clone();
+        let m = &mut self.method;
+        if m.ranking.is_none() && m.mode != Mode::Dense {
+            m.ranking = Some(installed::ranking(&model.folder, &model.name())?);
+        }
+        let layers = Config::from_file(&model.folder.join("config.json"))?.num_hidden_layers;
+        m.dense = resolve_layers(&m.dense_layers, layers).context("--dense-layers")?;
+        Ok(())
+    }
+
+    /// Sets the flag named `key` (its id: `load_ratio` for `--load-ratio`)
+    /// from its text, as a preset gives it.
+    pub fn set(&mut self, key: &str, text: &str) -> Result<()> {
+        let m = &mut self.method;
+        match key {
+            "dtype" => self.dtype = parse(text)?,
+            "vocab" => self.vocab = parse(text)?,
+            "head_screen" => self.head_screen = parse(text)?,
+            "head_screen_bits" => self.head_screen_bits = parse(text)?,
+            "mode" => m.mode = parse(text)?,
+            "load_ratio" => m.load_ratio = parse(text)?,
+            "static_ratio" => m.static_ratio = parse(text)?,
+            "compute_ratio" => m.compute_ratio = parse(text)?,
+            "token_ratio" => m.token_ratio = parse(text)?,
+            "score" => m.score = parse(text)?,
+            "gate_keep" => m.gate_keep = parse(text)?,
+            "dense_layers" => m.dense_layers = list(text)?,
+            "layer_drop" => m.layer_drop = list(text)?,
+            other => anyhow::bail!("no flag --{}", other.replace('_', "-")),
+        }
+        Ok(())
+    }
+
     /// Whether these flags ask for the model as it is: dense, every output
     /// row computed exactly (all another engine can run).
     pub fn plain(&self) -> bool {
@@ -105,7 +196,7 @@ impl ModelArgs {
     pub fn spec(&self) -> EngineSpec {
         let m = &self.method;
         EngineSpec {
-            model: self.model.clone(),
+            model: self.folder.clone(),
             dtype: self.dtype,
             device: self.device.clone(),
             mode: m.mode,
@@ -115,7 +206,7 @@ impl ModelArgs {
                 static_ratio: m.static_ratio,
                 compute_ratio: m.compute_ratio,
                 token_ratio: m.token_ratio,
-                dense_layers: m.dense_layers.clone(),
+                dense_layers: m.dense.clone(),
                 task: m.task.clone(),
                 score: m.score,
                 gate_keep: m.gate_keep,

@@ -4,25 +4,36 @@
 
 mod args;
 mod cli;
+mod fidelity_cmd;
+mod tune_cmd;
 use anyhow::{bail, Result};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use cli::{Cli, Command};
 use selectinfer::engine::grammar::Grammar;
 use selectinfer::engine::text::conversation;
-use selectinfer::engine::{EngineSpec, GenerateOptions, Generator, Sampling};
-use selectinfer::method::Mode;
+use selectinfer::engine::{GenerateOptions, Generator, Sampling};
+use selectinfer::store::home::{self, Missing};
+use selectinfer::store::{prepare, quantize};
 use selectinfer::sys::device::Quant;
+use selectinfer::sys::device::WeightDtype;
 use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
-use selectinfer::tools::{eval, fidelity, gguf, hotswap, parity, prepare, quantize, synth};
+use selectinfer::tools::{eval, fidelity, gguf, hotswap, parity, synth};
 use std::io::Write;
 use std::process::ExitCode;
 
-fn run(cli: Cli) -> Result<()> {
+fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
     if let Some(n) = cli.threads {
         selectinfer::sys::threads::set(n)?;
     }
+    if let (Some(model), Some((_, flags))) = (cli.command.model_args_mut(), given.subcommand()) {
+        model.resolve(flags)?;
+    }
     match cli.command {
         Command::PrepareModel { name, dir, dtype } => {
+            let dir = match dir {
+                Some(d) => d,
+                None => home::models_home()?,
+            };
             println!("{}", prepare::prepare_model(&name, &dir, dtype)?.display());
         }
         Command::Generate {
@@ -87,7 +98,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let mut engine: Box<dyn Generator> = match kind {
                 BenchEngine::Dense => Box::new(model.spec().load()?),
-                BenchEngine::CandleGguf => Box::new(gguf::GgufEngine::load(&model.model)?),
+                BenchEngine::CandleGguf => Box::new(gguf::GgufEngine::load(&model.folder)?),
             };
             let opts = eval::EvalOptions {
                 data,
@@ -114,7 +125,7 @@ fn run(cli: Cli) -> Result<()> {
             model,
             dtypes,
             candidate,
-            gguf: with_gguf,
+            gguf,
             reference_dtype,
             data,
             limit,
@@ -122,47 +133,27 @@ fn run(cli: Cli) -> Result<()> {
             tokens,
             json,
         } => {
-            let spec = model.spec();
-            let mut reference = EngineSpec {
-                dtype: reference_dtype,
-                mode: Mode::Dense,
-                vocab: Default::default(),
-                head_screen: 0,
-                ..spec.clone()
-            }
-            .load()?;
-            let mut lineup = fidelity::Lineup::load(&spec, &candidate, &dtypes)?;
-            let mut q = match with_gguf {
-                true => Some(gguf::GgufEngine::load(&model.model)?.into_parts()),
-                false => None,
-            };
-            let mut names = lineup.names.clone();
-            let mut candidates = lineup.candidates();
-            if let Some((q, _, bytes)) = q.as_mut() {
-                candidates.push(fidelity::Candidate::Gguf(q, *bytes));
-                names.push("candle-gguf".into());
-            }
             let opts = fidelity::FidelityOptions {
                 data,
                 limit,
                 skip,
                 tokens,
             };
-            let report =
-                fidelity::run_with_progress(&mut reference, &mut candidates, &opts, &mut |p| {
-                    eprintln!("{p}")
-                })?;
-            let named: Vec<_> = names.iter().zip(&report).collect();
-            match json {
-                true => println!("{}", serde_json::to_string_pretty(&named)?),
-                false => named.iter().for_each(|(n, tasks)| {
-                    tasks.iter().for_each(|t| println!("{n}: {t}"));
-                }),
-            }
+            let with_gguf = gguf;
+            fidelity_cmd::run(
+                &model,
+                &dtypes,
+                &candidate,
+                with_gguf,
+                reference_dtype,
+                &opts,
+                json,
+            )?;
         }
         Command::Quantize { model, dtype } => {
+            let folder = home::resolve(&model, WeightDtype::F32, Missing::Refuse)?.folder;
             for q in dtype.map_or(vec![Quant::Q8, Quant::Q4], |q| vec![q]) {
-                println!("{}", quantize::quantize_model(&model, q)?.display());
+                println!("{}", quantize::quantize_model(&folder, q)?.display());
             }
         }
         Command::SynthModel {
@@ -207,6 +198,12 @@ fn run(cli: Cli) -> Result<()> {
                 false => println!("{report}"),
             }
         }
+        Command::Tune(args) => {
+            println!(
+                "{}",
+                tune_cmd::run(args, cli.threads.unwrap_or(0))?.display()
+            );
+        }
         Command::Bench {
             model,
             engine,
@@ -215,7 +212,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         } => {
             // Under a memory budget, γ as planned (tokenizer resident, as in a load).
-            let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.model)?;
+            let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.folder)?;
             let (spec, _) = model.spec().planned()?;
             drop(codec);
             let load = spec.load_options()?; // first: a missing device is the error to report
@@ -239,7 +236,12 @@ fn run(cli: Cli) -> Result<()> {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run(Cli::parse()) {
+    let given = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&given) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match run(cli, &given) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -6,10 +6,15 @@ use super::lifecycle::Managed;
 use super::param_specs::{spec_of, Spec, PARAMETERS};
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
+use crate::method::params::resolve_layers;
+use crate::method::Mode;
 use crate::method::SelectionParams;
 use crate::model::head_screen::ScreenBits;
 use crate::model::Config;
 use crate::serve::server::{RuntimeSettings, ServerConfig};
+use crate::store::home::{self, Missing};
+use crate::store::installed;
+use crate::store::preset::Preset;
 use anyhow::{bail, Context, Result};
 use r2r::rcl_interfaces::msg::ParameterDescriptor;
 use r2r::{Parameter, ParameterValue, RosParams};
@@ -19,6 +24,11 @@ use std::sync::Arc;
 /// All node parameters, typed.
 #[derive(Debug, Clone)]
 pub struct NodeParams {
+    /// `model` as given: a catalog name or a folder (`engine.model` is
+    /// the folder it resolved to).
+    pub model: String,
+    /// The preset laid under the user's parameters, if the model has one.
+    pub preset: Option<PathBuf>,
     pub engine: EngineSpec,
     /// As given (negative = from the end), for `get_parameter`.
     pub dense_layers_raw: Vec<i64>,
@@ -41,6 +51,8 @@ impl Default for NodeParams {
     fn default() -> Self {
         let d = defaults::NODE;
         Self {
+            model: d.model.into(),
+            preset: None,
             engine: d.engine_spec(),
             dense_layers_raw: d.dense_layers.to_vec(),
             runtime: RuntimeSettings {
@@ -92,6 +104,26 @@ fn string(name: &str, v: &ParameterValue) -> Result<String> {
     }
 }
 
+/// A preset's YAML value as the parameter value a parameters file gives.
+fn yaml_value(v: &serde_yaml::Value) -> Result<ParameterValue> {
+    use serde_yaml::Value as Y;
+    Ok(match v {
+        Y::Bool(b) => ParameterValue::Bool(*b),
+        Y::Number(n) if n.is_f64() => ParameterValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+        Y::Number(n) => ParameterValue::Integer(n.as_i64().context("an integer out of range")?),
+        Y::String(s) => ParameterValue::String(s.clone()),
+        Y::Sequence(xs) if xs.iter().all(|x| x.is_i64()) => {
+            ParameterValue::IntegerArray(xs.iter().filter_map(|x| x.as_i64()).collect())
+        }
+        Y::Sequence(xs) => ParameterValue::DoubleArray(
+            xs.iter()
+                .map(|x| x.as_f64().context("a list of numbers"))
+                .collect::<Result<_>>()?,
+        ),
+        other => bail!("no parameter form for {other:?}"),
+    })
+}
+
 fn positive_usize(name: &str, v: &ParameterValue) -> Result<usize> {
     let n = int(name, v)?;
     if n < 1 {
@@ -111,43 +143,64 @@ fn non_negative(name: &str, v: &ParameterValue) -> Result<Option<u64>> {
 
 impl NodeParams {
     /// Reads the parameters the node was started with (`--params-file`,
-    /// `-p name:=value`), defaults for the rest. Unknown names are errors.
+    /// `-p name:=value`) over the model's preset (`config/models/NAME.yaml`,
+    /// if the model has one) over the defaults: the user's own parameters
+    /// win over the preset, the preset over the defaults. Then resolves the
+    /// model (a catalog model missing from the models home is prepared)
+    /// and its ranking. Unknown names are errors.
     pub fn from_overrides<'a>(
         overrides: impl IntoIterator<Item = (&'a String, &'a Parameter)>,
     ) -> Result<Self> {
+        let overrides: Vec<_> = overrides
+            .into_iter()
+            .filter(|(name, _)| name.as_str() != "use_sim_time")
+            .collect();
         let mut p = Self::default();
-        for (name, param) in overrides {
-            if name == "use_sim_time" {
-                continue;
-            }
+        if let Some((name, param)) = overrides.iter().find(|(n, _)| n.as_str() == "model") {
             p.set(name, &param.value)?;
         }
+        if let Some(entry) = home::catalog_of(&p.model) {
+            if let Some(preset) = Preset::for_model(entry.name)? {
+                for (name, v) in &preset.values {
+                    yaml_value(v)
+                        .and_then(|v| p.set(name, &v))
+                        .with_context(|| format!("the preset {}", preset.path.display()))?;
+                }
+                p.preset = Some(preset.path);
+            }
+        }
+        for (name, param) in overrides {
+            p.set(name, &param.value)?;
+        }
+        p.resolve_model()?;
         p.resolve_dense_layers()?;
         p.engine.params.compute_ratio = p.runtime.compute_ratio;
         p.engine.params.token_ratio = p.runtime.token_ratio;
         Ok(p)
     }
 
+    /// Resolves `model` to a folder (preparing a catalog model missing from
+    /// the models home) and, for a selective mode without an explicit
+    /// `ranking`, finds the model's installed ranking.
+    fn resolve_model(&mut self) -> Result<()> {
+        let e = &mut self.engine;
+        let model =
+            home::resolve(&self.model, e.dtype, Missing::Prepare).context("parameter model")?;
+        e.model = model.folder.clone();
+        if e.ranking.is_none() && e.mode != Mode::Dense {
+            e.ranking = Some(
+                installed::ranking(&model.folder, &model.name()).context("parameter ranking")?,
+            );
+        }
+        Ok(())
+    }
+
     /// Turns negative dense layer indices into layer numbers (needs the
     /// model's config).
     fn resolve_dense_layers(&mut self) -> Result<()> {
-        self.engine
-            .check_model_folder()
-            .context("parameter model")?;
-        let n = Config::from_file(&self.engine.model.join("config.json"))?.num_hidden_layers as i64;
-        let mut layers = Vec::new();
-        for &l in &self.dense_layers_raw {
-            let r = if l < 0 { n + l } else { l };
-            if !(0..n).contains(&r) {
-                bail!(
-                    "parameter dense_layers: layer {l} does not exist (the model has {n} layers)"
-                );
-            }
-            if !layers.contains(&(r as usize)) {
-                layers.push(r as usize);
-            }
-        }
-        self.engine.params.dense_layers = layers;
+        let n = Config::from_file(&self.engine.model.join("config.json"))?.num_hidden_layers;
+        self.engine.params.dense_layers =
+            resolve_layers(&self.dense_layers_raw, n).context("parameter dense_layers")?;
         Ok(())
     }
 
@@ -159,7 +212,7 @@ impl NodeParams {
         }
         let e = &mut self.engine;
         match name {
-            "model" => e.model = PathBuf::from(string(name, v)?),
+            "model" => self.model = string(name, v)?,
             "ranking" => {
                 let s = string(name, v)?;
                 e.ranking = (!s.is_empty()).then(|| PathBuf::from(s));
@@ -258,9 +311,8 @@ impl NodeParams {
     fn get(&self, name: &str) -> Option<ParameterValue> {
         let e = &self.engine;
         let r = &self.runtime;
-        let path = |p: &std::path::Path| ParameterValue::String(p.display().to_string());
         Some(match name {
-            "model" => path(&e.model),
+            "model" => ParameterValue::String(self.model.clone()),
             "ranking" => ParameterValue::String(
                 e.ranking
                     .as_ref()
@@ -320,9 +372,14 @@ impl NodeParams {
         } else {
             format!("{:?}", p.layer_drop)
         };
+        let preset = self.preset.as_ref().map_or("no preset".to_string(), |p| {
+            format!("preset {}", p.display())
+        });
         format!(
-            "model {} ({:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, gate_keep {}, \
-             vocab {}, head_screen {} ({}-bit), dense layers {:?}, layer_drop {layer_drop}, queue_depth {}",
+            "model {} in {} ({preset}; {:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, \
+             gate_keep {}, vocab {}, head_screen {} ({}-bit), dense layers {:?}, layer_drop {layer_drop}, \
+             queue_depth {}",
+            self.model,
             e.model.display(),
             e.dtype,
             e.device,
@@ -504,7 +561,7 @@ mod tests {
             "layer_drop [0.0, 1.5]",
             "score counts",
             "vocab all",
-            "head_screen 16 (4-bit)",
+            "head_screen 0 (4-bit)",
             "gate_keep",
         ] {
             assert!(line.contains(part), "{part} missing: {line}");
@@ -514,8 +571,9 @@ mod tests {
         assert_eq!(p.get("temperature"), Some(ParameterValue::Double(0.7)));
     }
 
-    /// `config/node.yaml` states every parameter the node declares, each
-    /// with the node's own default, and nothing else.
+    /// `config/node.yaml` states every parameter the node declares but the
+    /// model's knobs (a preset's keys), each with the node's own default,
+    /// and nothing else.
     #[test]
     fn node_yaml_states_the_declared_defaults() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/node.yaml");
@@ -525,10 +583,16 @@ mod tests {
         let defaults = NodeParams::default();
         let mut names: Vec<&str> = given.keys().map(|k| k.as_str().unwrap()).collect();
         names.sort_unstable();
-        let mut declared: Vec<&str> = PARAMETERS.iter().map(|p| p.name).collect();
+        let own = || {
+            PARAMETERS
+                .iter()
+                .map(|p| p.name)
+                .filter(|n| !crate::store::preset::KEYS.contains(n))
+        };
+        let mut declared: Vec<&str> = own().collect();
         declared.sort_unstable();
         assert_eq!(names, declared, "parameters in {path} vs declared");
-        for name in PARAMETERS.iter().map(|p| p.name) {
+        for name in own() {
             let want = defaults.get(name).unwrap();
             let v = &given[name];
             let got = match &want {
@@ -560,6 +624,73 @@ mod tests {
             };
             assert_eq!(got, want, "parameter {name} in {path}");
         }
+    }
+
+    /// Every key a preset may set is a node parameter.
+    #[test]
+    fn every_preset_key_is_a_node_parameter() {
+        for key in crate::store::preset::KEYS {
+            assert!(
+                spec_of(key).is_some(),
+                "preset key {key} is not a node parameter"
+            );
+        }
+    }
+
+    /// The order of the layers: defaults, then the catalog model's preset,
+    /// then the user's parameters; a folder path gets no preset.
+    #[test]
+    fn the_preset_lies_over_the_defaults_and_under_the_users_parameters() {
+        if std::env::var_os(crate::store::home::MODELS_ENV).is_none() {
+            std::env::set_var(
+                crate::store::home::MODELS_ENV,
+                concat!(env!("CARGO_MANIFEST_DIR"), "/models"),
+            );
+        }
+        let name = "smollm2-135m-instruct";
+        let preset = Preset::for_model(name)
+            .unwrap()
+            .expect("a committed preset");
+        let given = |pairs: &[(&str, ParameterValue)]| {
+            let v: Vec<(String, ParameterValue)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            ParamHandle::from_overrides(&v)
+                .unwrap_or_else(|e| panic!("{e:#}"))
+                .params
+        };
+        let model = ("model", ParameterValue::String(name.into()));
+        let p = given(&[model.clone()]);
+        assert_eq!(p.preset.as_deref(), Some(preset.path.as_path()));
+        for (key, v) in &preset.values {
+            let want = yaml_value(v).unwrap();
+            let got = p.get(key).unwrap();
+            let same = match (&want, &got) {
+                (ParameterValue::IntegerArray(w), ParameterValue::IntegerArray(g)) => w == g,
+                (ParameterValue::Integer(w), ParameterValue::Double(g)) => *w as f64 == *g,
+                (w, g) => w == g,
+            };
+            assert!(same, "{key}: preset {want:?}, node {got:?}");
+        }
+        assert!(p.engine.model.is_absolute() && p.engine.model.ends_with(name));
+        // A parameter given wins over the preset's.
+        let p = given(&[
+            model,
+            ("dtype", ParameterValue::String("q8".into())),
+            ("mode", ParameterValue::String("load-only".into())),
+        ]);
+        assert_eq!(p.get("dtype"), Some(ParameterValue::String("q8".into())));
+        assert_eq!(
+            p.get("mode"),
+            Some(ParameterValue::String("load-only".into()))
+        );
+        // A folder is a folder: the defaults, no preset.
+        let folder = format!("{}/models/{name}", env!("CARGO_MANIFEST_DIR"));
+        let p = given(&[("model", ParameterValue::String(folder))]);
+        assert_eq!(p.preset, None);
+        assert_eq!(p.engine.mode, defaults::NODE.mode);
+        assert_eq!(p.engine.dtype, defaults::NODE.dtype);
     }
 
     /// `config/selective-qwen0.5b.yaml`, laid over `node.yaml` as ROS
