@@ -102,6 +102,16 @@ pub fn prediction(text: &str) -> String {
         .to_string()
 }
 
+/// The task of `opts.data` and the outputs [`run`] wrote to `opts.outputs`
+/// for its examples, in the file's order (examples not run are left out).
+pub fn outputs(opts: &EvalOptions) -> Result<(String, Vec<ExampleOutput>)> {
+    let examples = data::load_jsonl(&opts.data, opts.limit)?;
+    let task = task_of(&examples, &opts.data)?;
+    let mut done = read_outputs(&opts.outputs)?;
+    let rows = examples.iter().filter_map(|e| done.remove(&e.id)).collect();
+    Ok((task, rows))
+}
+
 fn read_outputs(path: &Path) -> Result<HashMap<String, ExampleOutput>> {
     let mut done = HashMap::new();
     if !path.exists() {

@@ -31,9 +31,11 @@ pub enum Command {
         /// Model name (smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct or -1.5b-instruct).
         #[arg(default_value = defaults::MODEL_NAME)]
         name: String,
-        /// Folder that receives models/NAME.
-        #[arg(long, default_value = defaults::MODELS_DIR)]
-        dir: PathBuf,
+        /// Folder that receives NAME/ (default: the models home,
+        /// $SELECTINFER_MODELS, else $XDG_DATA_HOME/selectinfer/models,
+        /// else ~/.local/share/selectinfer/models).
+        #[arg(long)]
+        dir: Option<PathBuf>,
         /// Storage dtype of model.safetensors: f32, f16 or bf16.
         #[arg(long, default_value_t = WeightDtype::F32)]
         dtype: WeightDtype,
@@ -129,9 +131,10 @@ pub enum Command {
     },
     /// Write model.q8.siq / model.q4.siq of a model folder (prepare-model does).
     Quantize {
-        /// Model folder (config.json, model.safetensors[, model.gguf]).
+        /// A prepared catalog model by name, or a model folder
+        /// (config.json, model.safetensors[, model.gguf]).
         #[arg(long, default_value = CLI.model)]
-        model: PathBuf,
+        model: String,
         /// q8 or q4 (both when not given).
         #[arg(long)]
         dtype: Option<Quant>,
@@ -178,6 +181,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Search a catalog model's knobs on the dev rows and write its preset
+    /// (config/models/NAME.yaml): the fastest configuration that keeps
+    /// --floor of the model's dense q4 task metrics on every task, within
+    /// --memory-budget-mb. Resumes from its state folder.
+    Tune(crate::tune_cmd::TuneArgs),
     /// Benchmark decode/prefill speed on fixed prompts.
     Bench {
         #[command(flatten)]
@@ -195,4 +203,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+impl Command {
+    /// The model flags of a command that loads an engine.
+    pub fn model_args_mut(&mut self) -> Option<&mut ModelArgs> {
+        match self {
+            Self::Generate { model, .. }
+            | Self::Eval { model, .. }
+            | Self::Fidelity { model, .. }
+            | Self::DeviceCheck { model, .. }
+            | Self::HotSwap { model, .. }
+            | Self::Bench { model, .. } => Some(model),
+            Self::PrepareModel { .. }
+            | Self::Quantize { .. }
+            | Self::SynthModel { .. }
+            | Self::Tune(_) => None,
+        }
+    }
 }
