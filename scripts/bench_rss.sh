@@ -3,7 +3,7 @@
 # more builds alternated: `scripts/bench_rss.sh BIN [BIN ...] [-- MODEL]`
 # (e.g. a copy of an earlier build's target/release/selectinfer and the
 # current one). Prints: round, binary, dtype, mode, peak MiB, after-load
-# MiB, ratio, decode tok/s, TTFT s. docs/BENCHMARKS.md, "Memory after load".
+# MiB, ratio, decode tok/s, TTFT s. docs/EXPERIMENTS.md, "Memory after load: the allocator and prefill's buffers (2026-12-03, evening)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bins=()

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 23's speed bar: decode of the selective configuration against
 # dense, both Qwen2.5-Coder-0.5B f16, alternated rounds in one run
-# (docs/BENCHMARKS.md, "The 2-bit lm_head screen"). Prints, per round and
+# (docs/BENCHMARKS.md, "The selective configuration with the 2-bit lm_head screen"). Prints, per round and
 # configuration: decode tok/s, weight bytes per token, the per-prompt
 # arrangement in s, peak RSS in MiB.
 #   scripts/issue23_speed.sh [ROUNDS]   (after cargo build --release and

@@ -21,7 +21,7 @@ pub(super) const POLY: [f32; 6] = [
 /// `e^x`, portable, within 2 ulp for `x` in [−87, 88] (below, `e^−87`;
 /// above, `e^88`, never infinite; NaN gives NaN), inlined: the libm call
 /// per neuron cost the quantized MLP 10–15 % of its speed in L3
-/// (docs/BENCHMARKS.md). `x = n·ln2 + r`, `|r| ≤ ln2/2`, `e^r` by the
+/// (docs/EXPERIMENTS.md, "Issue 22's bars on build 7cf6404"). `x = n·ln2 + r`, `|r| ≤ ln2/2`, `e^r` by the
 /// polynomial, `2^n` by the exponent bits. Plain multiplies and adds,
 /// never fused, so that the scalar and the vectorised forms give the same
 /// bits.

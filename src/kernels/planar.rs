@@ -15,7 +15,7 @@
 //! except `Q5_0`'s fifth bits in a whole group of four blocks: the four
 //! blocks' bits 0–15, then their bits 16–31, two 64-bit masks the kernel
 //! loads as they lie (a shuffle and two register moves fewer per group:
-//! `Q5_0` dots 8–10 % faster in L2, docs/BENCHMARKS.md).
+//! `Q5_0` dots 8–10 % faster in L2, docs/EXPERIMENTS.md, "A later run, and Q5_0's fifth bits as masks").
 
 use super::quant::{dot, Q8Act, QFormat, QK};
 #[cfg(target_arch = "x86_64")]
