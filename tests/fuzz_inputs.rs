@@ -51,7 +51,7 @@ mod requests;
 use mutate::{apply, apply_json, edits, json_edits, noise, Edit, JsonEdit, Noise};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
-use selectinfer::serve::replay::bag::read_bag;
+use selectinfer::store::bag::read_bag;
 use std::fmt::Debug;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -23,6 +23,7 @@ fn config(output: &Path, examples: usize) -> ProfileConfig {
         template: template.into(),
         examples,
         skip: 0,
+        topic: None,
     };
     ProfileConfig {
         model: common::model_dir(MODEL),

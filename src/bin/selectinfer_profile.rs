@@ -1,20 +1,36 @@
 //! `selectinfer_profile`: the offline profiler. Scores every FFN neuron on the
-//! task datasets of a YAML config and writes a ranking file.
+//! task datasets of a YAML config (and the prompts of a recorded rosbag2
+//! topic) and writes a ranking file.
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
 use selectinfer::sys::device::WeightDtype;
-use selectinfer::tools::profile::{self, ProfileConfig};
+use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Task of `--bag`'s prompts when `--task` is not given.
+const BAG_TASK: &str = "robot";
+
+const BAG_HELP: &str = "Prompts from a robot (--bag, --topic): the prompts recorded on the topic \
+(selectinfer_msgs/msg/Prompt or std_msgs/msg/String; a bag folder as `ros2 bag record` writes it, \
+MCAP or sqlite3, or its .mcap/.db3 file) become the dataset of --task (default robot), in time \
+order, each used as recorded (a Prompt's earlier turns included) with the model's chat template; \
+all of them unless --examples. Prompts the node would refuse (empty) are skipped. The config's \
+datasets are kept, one of the same task name replaced: the file still has the tasks the node \
+knows and a model-wide ranking over all of them, plus the new task (run the node with \
+task:=robot). --bag-only profiles the bag's prompts alone (faster; the model-wide ranking is \
+then the bag's). The file goes to --output, else the config's output (the node's default \
+ranking for the model).";
 
 #[derive(Parser)]
 #[command(
     name = "selectinfer_profile",
     version,
-    about = "Profile FFN neurons and write a SelectInfer ranking file"
+    about = "Profile FFN neurons and write a SelectInfer ranking file",
+    after_help = BAG_HELP
 )]
 struct Args {
     /// Profile configuration (YAML); the flags below override it.
@@ -41,6 +57,19 @@ struct Args {
     /// Weight dtype the profiled model runs in (f32, f16, q8, q4).
     #[arg(long, default_value_t = WeightDtype::F32)]
     dtype: WeightDtype,
+    /// rosbag2 bag (folder, .mcap or .db3) whose prompts on --topic become
+    /// the dataset of --task (see below).
+    #[arg(long, requires = "topic", value_name = "DIR")]
+    bag: Option<PathBuf>,
+    /// Topic of --bag that carries the prompts, e.g. /selectinfer_node/prompt.
+    #[arg(long, requires = "bag", value_name = "NAME")]
+    topic: Option<String>,
+    /// Task name of the bag's prompts [default: robot].
+    #[arg(long, requires = "bag", value_name = "NAME")]
+    task: Option<String>,
+    /// Profile only the bag's prompts, not the config's datasets.
+    #[arg(long, requires = "bag")]
+    bag_only: bool,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -50,6 +79,16 @@ fn run(args: Args) -> Result<()> {
     }
     if let Some(o) = args.output {
         cfg.output = o;
+    }
+    if let (Some(bag), Some(topic)) = (&args.bag, &args.topic) {
+        let spec = DatasetSpec::bag(args.task.as_deref().unwrap_or(BAG_TASK), bag, topic);
+        if args.bag_only {
+            cfg.datasets = vec![spec];
+        } else if let Some(d) = cfg.datasets.iter_mut().find(|d| d.task == spec.task) {
+            *d = spec;
+        } else {
+            cfg.datasets.push(spec);
+        }
     }
     if let Some(n) = args.examples {
         cfg.datasets.iter_mut().for_each(|d| d.examples = n);

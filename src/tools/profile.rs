@@ -11,12 +11,18 @@
 //! straight from each forward pass (`Σ_t` over the batch first), so no
 //! per-token activations are kept.
 //!
+//! A task's dataset is a JSONL file with a prompt template, or the prompts
+//! recorded on one topic of a rosbag2 bag ([`DatasetSpec::topic`]), each
+//! used as recorded (a conversation's earlier turns included).
+//!
 //! Each task's examples are also accumulated in two disjoint halves (even and
 //! odd examples) so that [`ProfileRun::report`] can tell how stable the
 //! rankings are.
 
+use crate::engine::text::{conversation, Message};
 use crate::engine::Engine;
 use crate::method::ranking::{LayerRanking, ModelIdentity, Ranking, RankingMeta, TaskMeta};
+use crate::store::bag::{self, RecordedPrompt};
 use crate::tools::data;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -31,17 +37,59 @@ use std::time::Instant;
 pub struct DatasetSpec {
     /// Task name (`translation`, `summarization`, `qa`, ...).
     pub task: String,
-    /// JSONL file (relative paths are relative to the working directory).
+    /// JSONL file, or with `topic` a rosbag2 bag (a folder, `.mcap` or
+    /// `.db3`); relative paths are relative to the working directory.
     pub path: PathBuf,
-    /// Prompt template with `{field}` placeholders; chat-formatted afterwards.
+    /// Prompt template with `{field}` placeholders; chat-formatted
+    /// afterwards. A bag's prompts are used as recorded: empty or
+    /// `{prompt}` there.
+    #[serde(default)]
     pub template: String,
-    /// Number of examples (the first N rows after `skip`).
+    /// Number of examples (the first N rows after `skip`; default: all).
+    #[serde(default = "all_examples")]
     pub examples: usize,
     /// Rows passed over before the first profiled one, so that profiling
     /// can use rows an evaluation does not (`eval --limit N` scores the
     /// first N rows of the same files).
     #[serde(default)]
     pub skip: usize,
+    /// The bag topic whose prompts (`selectinfer_msgs/msg/Prompt` or
+    /// `std_msgs/msg/String`) are the examples, in time order; `path` is
+    /// then the bag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+}
+
+/// `examples` meaning every row.
+pub const ALL_EXAMPLES: usize = usize::MAX;
+
+fn all_examples() -> usize {
+    ALL_EXAMPLES
+}
+
+/// The template recorded for a bag's prompts (used as recorded).
+pub const BAG_TEMPLATE: &str = "{prompt}";
+
+impl DatasetSpec {
+    /// A bag's prompts on `topic` as the dataset of `task` (every prompt).
+    pub fn bag(task: &str, bag: &Path, topic: &str) -> Self {
+        Self {
+            task: task.into(),
+            path: bag.to_path_buf(),
+            template: BAG_TEMPLATE.into(),
+            examples: ALL_EXAMPLES,
+            skip: 0,
+            topic: Some(topic.into()),
+        }
+    }
+
+    /// The dataset as recorded in the ranking file: the path, and a bag's topic.
+    fn source(&self) -> String {
+        match &self.topic {
+            Some(topic) => format!("{} topic {topic}", self.path.display()),
+            None => self.path.display().to_string(),
+        }
+    }
 }
 
 /// The profiler's configuration (`config/profile.yaml`).
@@ -86,6 +134,19 @@ impl ProfileConfig {
             }
             if d.task.is_empty() || d.task == crate::method::ranking::MODEL_WIDE {
                 bail!("invalid task name '{}'", d.task);
+            }
+            match &d.topic {
+                None if d.template.is_empty() => {
+                    bail!("dataset for task '{}' has no template", d.task)
+                }
+                Some(t) if t.trim().is_empty() => {
+                    bail!("dataset for task '{}' names an empty topic", d.task)
+                }
+                Some(_) if !d.template.is_empty() && d.template != BAG_TEMPLATE => bail!(
+                    "dataset for task '{}' is a bag: its prompts are used as recorded, so its template must be empty or {BAG_TEMPLATE}",
+                    d.task
+                ),
+                _ => {}
             }
         }
         Ok(())
@@ -179,42 +240,96 @@ struct TaskJob<'a> {
     skipped_too_long: usize,
 }
 
+/// A dataset's rows: JSONL examples, or the prompts of a bag topic.
+enum Rows {
+    Jsonl(Vec<data::Example>),
+    Bag(Vec<RecordedPrompt>),
+}
+
 /// Reads a dataset and tokenizes the chat-formatted prompts of its first
-/// `spec.examples` rows that fit in `max_prompt_tokens`; longer ones are
-/// skipped (and counted, and logged).
+/// `spec.examples` rows (after `skip`) that fit in `max_prompt_tokens`;
+/// longer ones are skipped (and counted, and logged), and so are a bag's
+/// prompts the node refuses (empty, or a conversation that does not end
+/// with the user's turn: logged).
 fn task_job<'a>(
     engine: &Engine,
     spec: &'a DatasetSpec,
     max_prompt_tokens: usize,
 ) -> Result<TaskJob<'a>> {
-    let examples = data::load_jsonl(&spec.path, None)
-        .with_context(|| format!("loading the '{}' dataset", spec.task))?;
-    let mut prompts = Vec::with_capacity(spec.examples);
-    if spec.skip >= examples.len() {
+    let (rows, dataset_sha256) = match &spec.topic {
+        None => {
+            let examples = data::load_jsonl(&spec.path, None)
+                .with_context(|| format!("loading the '{}' dataset", spec.task))?;
+            let (_, sha) = crate::model::checkpoint::sha256_file(&spec.path)?;
+            (Rows::Jsonl(examples), sha)
+        }
+        Some(topic) => {
+            let recorded = bag::read_prompts(&spec.path, topic)
+                .with_context(|| format!("loading the '{}' dataset", spec.task))?;
+            (Rows::Bag(recorded.prompts), recorded.sha256)
+        }
+    };
+    let len = match &rows {
+        Rows::Jsonl(e) => e.len(),
+        Rows::Bag(p) => p.len(),
+    };
+    if spec.skip >= len {
         bail!(
-            "task '{}': skip {} leaves none of the {} rows of {}",
+            "task '{}': skip {} leaves none of the {len} rows of {}",
             spec.task,
             spec.skip,
-            examples.len(),
-            spec.path.display()
+            spec.source()
         );
     }
-    let mut skipped = 0;
-    for e in &examples[spec.skip..] {
+    let mut prompts = Vec::with_capacity(spec.examples.min(len));
+    let (mut skipped, mut refused) = (0, 0);
+    for i in spec.skip..len {
         if prompts.len() == spec.examples {
             break;
         }
-        let text = data::render_template(&spec.template, e)
-            .with_context(|| format!("rendering prompts of task '{}'", spec.task))?;
-        let ids = engine
-            .codec
-            .chat_prompt_ids(&text)
-            .with_context(|| format!("task '{}' example {}", spec.task, e.id))?;
+        let (label, ids) = match &rows {
+            Rows::Jsonl(examples) => {
+                let e = &examples[i];
+                let text = data::render_template(&spec.template, e)
+                    .with_context(|| format!("rendering prompts of task '{}'", spec.task))?;
+                let label = format!("example {}", e.id);
+                let ids = engine
+                    .codec
+                    .chat_prompt_ids(&text)
+                    .with_context(|| format!("task '{}' {label}", spec.task))?;
+                (label, ids)
+            }
+            Rows::Bag(recorded) => {
+                let p = &recorded[i];
+                let label = format!("message {i}");
+                let earlier: Vec<Message> = p
+                    .messages
+                    .iter()
+                    .map(|(role, content)| Message::new(role, content))
+                    .collect();
+                let turns = match conversation("", &earlier, &p.prompt) {
+                    Ok(turns) => turns,
+                    Err(e) => {
+                        log::warn!(
+                            "task '{}': skipping {label} of {}: {e:#} (the node refuses it too)",
+                            spec.task,
+                            spec.source()
+                        );
+                        refused += 1;
+                        continue;
+                    }
+                };
+                let ids = engine
+                    .codec
+                    .chat_ids(&turns)
+                    .with_context(|| format!("task '{}' {label}", spec.task))?;
+                (label, ids)
+            }
+        };
         if ids.len() > max_prompt_tokens {
             log::warn!(
-                "task '{}': skipping example {} ({} prompt tokens > max_prompt_tokens {max_prompt_tokens})",
+                "task '{}': skipping {label} ({} prompt tokens > max_prompt_tokens {max_prompt_tokens})",
                 spec.task,
-                e.id,
                 ids.len()
             );
             skipped += 1;
@@ -224,12 +339,17 @@ fn task_job<'a>(
     }
     if prompts.is_empty() {
         bail!(
-            "task '{}': no example of {} fits in {max_prompt_tokens} prompt tokens",
+            "task '{}': no example of {} fits in {max_prompt_tokens} prompt tokens{}",
             spec.task,
-            spec.path.display()
+            spec.source(),
+            if refused > 0 {
+                format!(" ({refused} empty or invalid prompts skipped)")
+            } else {
+                String::new()
+            }
         );
     }
-    if prompts.len() < spec.examples {
+    if prompts.len() < spec.examples && spec.examples != ALL_EXAMPLES {
         log::warn!(
             "task '{}': only {} usable examples (asked for {})",
             spec.task,
@@ -237,7 +357,6 @@ fn task_job<'a>(
             spec.examples
         );
     }
-    let (_, dataset_sha256) = crate::model::checkpoint::sha256_file(&spec.path)?;
     Ok(TaskJob {
         spec,
         prompts,
@@ -302,13 +421,17 @@ pub fn run(
         tasks.push(TaskResult {
             meta: TaskMeta {
                 name: spec.task.clone(),
-                dataset: spec.path.display().to_string(),
+                dataset: spec.source(),
                 dataset_sha256: job.dataset_sha256,
                 skip: spec.skip,
                 examples: prompt_ids.len(),
                 skipped_too_long: job.skipped_too_long,
                 tokens,
-                prompt_template: spec.template.clone(),
+                prompt_template: if spec.topic.is_some() {
+                    BAG_TEMPLATE.to_string()
+                } else {
+                    spec.template.clone()
+                },
             },
             halves,
         });

@@ -128,7 +128,7 @@ fn mcap_chunk_whose_record_claims_a_huge_length_is_refused() {
     let path = tmp.path().join("huge-record.mcap");
     std::fs::write(&path, bytes).unwrap();
     refused(
-        selectinfer::serve::replay::bag::read_bag(&path),
+        selectinfer::store::bag::read_bag(&path),
         &path,
         "corrupt or truncated MCAP",
     );

@@ -1,9 +1,9 @@
 //! Replaying recorded prompt streams (rosbag2 bags) against a running node:
 //! the per-request records and the report (latency percentiles, throughput,
 //! tokens/s, rejected and lost requests). The part that talks to ROS is
-//! [`ros`] (feature `ros`); this part works without it.
+//! [`ros`] (feature `ros`); this part works without it. Bags are read by
+//! [`crate::store::bag`].
 
-pub mod bag;
 #[cfg(feature = "ros")]
 pub mod ros;
 

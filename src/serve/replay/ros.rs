@@ -3,7 +3,7 @@
 //! streamed tokens by request id.
 
 use super::{ReplayReport, RequestRecord};
-use crate::serve::replay::bag::{read_bag, BagMessage};
+use crate::store::bag::{read_bag, BagMessage};
 use anyhow::{bail, Context, Result};
 use futures::{FutureExt, StreamExt};
 use r2r::selectinfer_msgs::msg as si;
@@ -12,8 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub const PROMPT_TYPE: &str = "selectinfer_msgs/msg/Prompt";
-pub const STRING_TYPE: &str = "std_msgs/msg/String";
+pub use crate::store::bag::{PROMPT_TYPE, STRING_TYPE};
 
 /// When prompts are published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
