@@ -30,10 +30,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
     }
     match cli.command {
         Command::PrepareModel { name, dir, dtype } => {
-            let dir = match dir {
-                Some(d) => d,
-                None => home::models_home()?,
-            };
+            let dir = dir.map_or_else(home::models_home, Ok)?;
             println!("{}", prepare::prepare_model(&name, &dir, dtype)?.display());
         }
         Command::Generate {

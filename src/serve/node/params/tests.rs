@@ -1,0 +1,241 @@
+//! The node parameters' tests: defaults and ranges, the YAML files, the
+//! preset's place between the defaults and the user's parameters.
+use super::*;
+
+/// Every default lies in its parameter's declared range, and a value
+/// outside it is refused naming the parameter, leaving the rest as is.
+#[test]
+fn defaults_lie_in_the_declared_ranges_and_outside_is_refused() {
+    let defaults = NodeParams::default();
+    for spec in PARAMETERS {
+        let v = defaults.get(spec.name).unwrap();
+        spec.check(&v)
+            .unwrap_or_else(|e| panic!("default of {}: {e:#}", spec.name));
+        let d = spec.descriptor();
+        assert_eq!(d.read_only, !spec.runtime, "{}", spec.name);
+    }
+    let mut p = NodeParams::default();
+    let e = p
+        .set("temperature", &ParameterValue::Double(50.0))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "parameter temperature must be in [0, 10], got 50"
+    );
+    let e = p
+        .set("max_new_tokens", &ParameterValue::Integer(0))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("parameter max_new_tokens must be in [1,"),
+        "{e}"
+    );
+    let e = p.set("seed", &ParameterValue::Integer(-1)).unwrap_err();
+    assert_eq!(e.to_string(), "parameter seed must be >= 0, got -1");
+    let e = p
+        .set("load_ratio", &ParameterValue::Integer(2))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("load_ratio must be in [0, 1]"),
+        "{e}"
+    );
+    let e = p
+        .set("layer_drop", &ParameterValue::String("1, x".into()))
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("parameter layer_drop"), "{e:#}");
+    p.set("layer_drop", &ParameterValue::DoubleArray(vec![0.0, 1.5]))
+        .unwrap();
+    assert_eq!(
+        p.get("layer_drop"),
+        Some(ParameterValue::DoubleArray(vec![0.0, 1.5]))
+    );
+    // The configure log line names every selection knob.
+    let line = p.summary();
+    for part in [
+        "layer_drop [0.0, 1.5]",
+        "score counts",
+        "vocab all",
+        "head_screen 0 (4-bit)",
+        "gate_keep",
+    ] {
+        assert!(line.contains(part), "{part} missing: {line}");
+    }
+    assert_eq!(p.get("temperature"), defaults.get("temperature"));
+    p.set("temperature", &ParameterValue::Double(0.7)).unwrap();
+    assert_eq!(p.get("temperature"), Some(ParameterValue::Double(0.7)));
+}
+
+/// `config/node.yaml` states every parameter the node declares but the
+/// model's knobs (a preset's keys), each with the node's own default,
+/// and nothing else.
+#[test]
+fn node_yaml_states_the_declared_defaults() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/node.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let given = yaml["/**"]["ros__parameters"].as_mapping().unwrap();
+    let defaults = NodeParams::default();
+    let mut names: Vec<&str> = given.keys().map(|k| k.as_str().unwrap()).collect();
+    names.sort_unstable();
+    let own = || {
+        PARAMETERS
+            .iter()
+            .map(|p| p.name)
+            .filter(|n| !crate::store::preset::KEYS.contains(n))
+    };
+    let mut declared: Vec<&str> = own().collect();
+    declared.sort_unstable();
+    assert_eq!(names, declared, "parameters in {path} vs declared");
+    for name in own() {
+        let want = defaults.get(name).unwrap();
+        let v = &given[name];
+        let got = match &want {
+            ParameterValue::Double(_) => ParameterValue::Double(v.as_f64().unwrap()),
+            ParameterValue::Integer(_) => ParameterValue::Integer(v.as_i64().unwrap()),
+            ParameterValue::Bool(_) => ParameterValue::Bool(v.as_bool().unwrap()),
+            ParameterValue::String(_) => ParameterValue::String(match v {
+                serde_yaml::Value::String(s) => s.clone(),
+                other => serde_yaml::to_string(other).unwrap().trim().to_string(),
+            }),
+            ParameterValue::IntegerArray(_) => ParameterValue::IntegerArray(
+                v.as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_i64().unwrap())
+                    .collect(),
+            ),
+            // ROS 2's YAML parser refuses an empty list: "" stands for one.
+            ParameterValue::DoubleArray(_) => ParameterValue::DoubleArray(match v {
+                serde_yaml::Value::String(s) if s.is_empty() => Vec::new(),
+                v => v
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect(),
+            }),
+            other => panic!("parameter {name}: no YAML form for {other:?}"),
+        };
+        assert_eq!(got, want, "parameter {name} in {path}");
+    }
+}
+
+/// Every key a preset may set is a node parameter.
+#[test]
+fn every_preset_key_is_a_node_parameter() {
+    for key in crate::store::preset::KEYS {
+        assert!(
+            spec_of(key).is_some(),
+            "preset key {key} is not a node parameter"
+        );
+    }
+}
+
+/// The order of the layers: defaults, then the catalog model's preset,
+/// then the user's parameters; a folder path gets no preset.
+#[test]
+fn the_preset_lies_over_the_defaults_and_under_the_users_parameters() {
+    if std::env::var_os(crate::store::home::MODELS_ENV).is_none() {
+        std::env::set_var(
+            crate::store::home::MODELS_ENV,
+            concat!(env!("CARGO_MANIFEST_DIR"), "/models"),
+        );
+    }
+    let name = "smollm2-135m-instruct";
+    let preset = Preset::for_model(name)
+        .unwrap()
+        .expect("a committed preset");
+    let given = |pairs: &[(&str, ParameterValue)]| {
+        let v: Vec<(String, ParameterValue)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        ParamHandle::from_overrides(&v)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+            .params
+    };
+    let model = ("model", ParameterValue::String(name.into()));
+    let p = given(std::slice::from_ref(&model));
+    assert_eq!(p.preset.as_deref(), Some(preset.path.as_path()));
+    for (key, v) in &preset.values {
+        let want = yaml_value(v).unwrap();
+        let got = p.get(key).unwrap();
+        let same = match (&want, &got) {
+            (ParameterValue::IntegerArray(w), ParameterValue::IntegerArray(g)) => w == g,
+            (ParameterValue::Integer(w), ParameterValue::Double(g)) => *w as f64 == *g,
+            (w, g) => w == g,
+        };
+        assert!(same, "{key}: preset {want:?}, node {got:?}");
+    }
+    assert!(p.engine.model.is_absolute() && p.engine.model.ends_with(name));
+    // A parameter given wins over the preset's.
+    let p = given(&[
+        model,
+        ("dtype", ParameterValue::String("q8".into())),
+        ("mode", ParameterValue::String("load-only".into())),
+    ]);
+    assert_eq!(p.get("dtype"), Some(ParameterValue::String("q8".into())));
+    assert_eq!(
+        p.get("mode"),
+        Some(ParameterValue::String("load-only".into()))
+    );
+    // A folder is a folder: the defaults, no preset.
+    let folder = format!("{}/models/{name}", env!("CARGO_MANIFEST_DIR"));
+    let p = given(&[("model", ParameterValue::String(folder))]);
+    assert_eq!(p.preset, None);
+    assert_eq!(p.engine.mode, defaults::NODE.mode);
+    assert_eq!(p.engine.dtype, defaults::NODE.dtype);
+}
+
+/// `config/selective-qwen0.5b.yaml`, laid over `node.yaml` as ROS
+/// merges parameter files (the later wins), gives parameters the node
+/// accepts for Qwen2.5-Coder-0.5B: one `layer_drop` weight per layer,
+/// averaging 1 over the sparse layers (φ's total kept).
+#[test]
+fn the_selective_overlay_is_valid_for_its_model() {
+    use crate::method::Mode;
+    use crate::sys::device::WeightDtype;
+    fn value(v: &serde_yaml::Value) -> ParameterValue {
+        use serde_yaml::Value as Y;
+        match v {
+            Y::Bool(b) => ParameterValue::Bool(*b),
+            Y::Number(n) if n.is_f64() => ParameterValue::Double(n.as_f64().unwrap()),
+            Y::Number(n) => ParameterValue::Integer(n.as_i64().unwrap()),
+            Y::String(s) => ParameterValue::String(s.clone()),
+            Y::Sequence(xs) if xs.iter().all(|x| x.is_i64()) => {
+                ParameterValue::IntegerArray(xs.iter().map(|x| x.as_i64().unwrap()).collect())
+            }
+            Y::Sequence(xs) => {
+                ParameterValue::DoubleArray(xs.iter().map(|x| x.as_f64().unwrap()).collect())
+            }
+            other => panic!("no parameter form for {other:?}"),
+        }
+    }
+    let mut given: Vec<(String, ParameterValue)> = Vec::new();
+    for file in ["node.yaml", "selective-qwen0.5b.yaml"] {
+        let path = format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"));
+        let yaml: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (k, v) in yaml["/**"]["ros__parameters"].as_mapping().unwrap() {
+            let name = k.as_str().unwrap().to_string();
+            given.retain(|(n, _)| *n != name);
+            given.push((name, value(v)));
+        }
+    }
+    let p = ParamHandle::from_overrides(&given)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .params;
+    let e = &p.engine;
+    assert_eq!((e.mode, e.dtype), (Mode::Coreinfer, WeightDtype::F16));
+    let layers = Config::from_file(&e.model.join("config.json"))
+        .unwrap()
+        .num_hidden_layers;
+    e.effective_params().validate(layers).unwrap();
+    assert_eq!(e.params.layer_drop.len(), layers);
+    let sparse: Vec<f64> = (0..layers)
+        .filter(|l| !e.params.dense_layers.contains(l))
+        .map(|l| e.params.layer_drop[l])
+        .collect();
+    let mean = sparse.iter().sum::<f64>() / sparse.len() as f64;
+    assert!((mean - 1.0).abs() < 1e-2, "mean weight {mean}");
+}
