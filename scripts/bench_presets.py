@@ -17,12 +17,15 @@ Rows report their median round by decode tok/s; ratios pair each round with
 llama.cpp's in the same round (median and range). Retention comes from the
 JSON `selectinfer tune` wrote (docs/bench/tune-NAME.json). Writes
 docs/bench/presets.json and prints a markdown table; --readme also rewrites
-README.md's table between its `presets-table` markers.
+README.md's and docs/BENCHMARKS.md's tables between their `presets-table`
+markers.
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,11 +104,21 @@ def main():
                    "runs": [{"model": k[0], "row": k[1], "reports": v} for k, v in runs.items()]},
                   f, indent=1)
     if args.readme:
-        path = os.path.join(ROOT, "README.md")
-        text = open(path).read()
-        start, end = "<!-- presets-table -->", "<!-- /presets-table -->"
-        i, j = text.index(start) + len(start), text.index(end)
-        open(path, "w").write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+        when = (f"Measured {datetime.date.today()} on {platform.processor() or platform.machine()}, "
+                f"{os.cpu_count()} cores, {args.threads} threads, {args.rounds} alternated rounds, "
+                f"{args.new_tokens} new tokens per prompt; raw figures: "
+                f"`{os.path.relpath(args.out, ROOT)}`. Command:")
+        cmd = ("`" + " ".join(["scripts/bench_presets.py"] + sys.argv[1:]) + "`")
+        fill(os.path.join(ROOT, "README.md"), lines)
+        fill(os.path.join(ROOT, "docs", "BENCHMARKS.md"), [when, "", cmd, ""] + lines)
+
+
+def fill(path, lines):
+    """Rewrites what lies between the presets-table markers of `path`."""
+    text = open(path).read()
+    start, end = "<!-- presets-table -->", "<!-- /presets-table -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    open(path, "w").write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@
 //!   cost ten times candle's GGUF model's KL on SmolLM2 (the columns run
 //!   along the hidden size, whose outlier channels widen every block's
 //!   range; Q5_0 was still 5× worse); Q8_0 matches it, at 8.5 bits per
-//!   weight for a third of the FFN (docs/BENCHMARKS.md, fidelity).
+//!   weight for a third of the FFN (docs/EXPERIMENTS.md, "Fidelity of the formats").
 //!
 //! Each tensor's provenance is recorded in the file's header.
 

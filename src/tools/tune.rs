@@ -524,22 +524,9 @@ fn yaml_of(key: &str, text: &str) -> Result<serde_yaml::Value> {
     })
 }
 
-/// Today's date (UTC), `YYYY-MM-DD` (the civil calendar from days since
-/// 1970: H. Hinnant's algorithm).
+/// Today's date (UTC), `YYYY-MM-DD`.
 fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let z = secs.div_euclid(86_400) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    jiff::Timestamp::now().strftime("%Y-%m-%d").to_string()
 }
 
 /// The CPU's model name and core count (`/proc/cpuinfo`), for the header.
@@ -554,4 +541,51 @@ fn machine() -> String {
         "{cpu}, {cores} cores, {} threads used",
         crate::sys::threads::current()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every candidate is made of preset keys, is a valid fidelity
+    /// candidate, and survives the trip through a preset file unchanged
+    /// (what the node and the flags then read).
+    #[test]
+    fn candidates_are_presets_that_read_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = EngineSpec::default();
+        let all = candidates(24);
+        assert_eq!(name(&all[0]), "dtype=q4,mode=dense");
+        for knobs in &all {
+            for (k, _) in knobs {
+                assert!(
+                    preset::KEYS.contains(&k.as_str()),
+                    "{k} is not a preset key"
+                );
+            }
+            let spec =
+                fidelity::candidate_spec(&base, &name(knobs).replace("dense_layers=", "dense="))
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", name(knobs)));
+            assert_eq!(spec.dtype, crate::sys::device::WeightDtype::Q4);
+            if knobs.iter().any(|(k, _)| k == "dense_layers") {
+                assert_eq!(spec.params.dense_layers, vec![0, 23], "{}", name(knobs));
+            }
+            let values: Vec<_> = knobs
+                .iter()
+                .map(|(k, v)| (k.clone(), yaml_of(k, v).unwrap()))
+                .collect();
+            let path = dir.path().join("p.yaml");
+            preset::write(&path, &["t".into()], &values).unwrap();
+            let back = preset::Preset::load(&path).unwrap();
+            for (k, v) in knobs {
+                assert_eq!(back.flag_text(k).as_deref(), Some(v.as_str()), "{k}");
+            }
+            let f = flags(knobs);
+            assert_eq!(f.len(), 2 * knobs.len());
+            assert!(f
+                .iter()
+                .step_by(2)
+                .all(|x| x.starts_with("--") && !x.contains('_')));
+        }
+    }
 }

@@ -25,9 +25,13 @@ pub struct TuneArgs {
     /// Share of dense q4's EM / ROUGE-L / BLEU kept on every task.
     #[arg(long, default_value_t = 0.95)]
     pub floor: f64,
-    /// Task whose base neurons the selective candidates load.
+    /// Task whose base neurons the selective candidates load (a task of
+    /// the ranking: one `selectinfer_profile --bag` wrote, say).
     #[arg(long, default_value = CLI.task)]
     pub task: String,
+    /// Ranking file (default: the model's installed ranking).
+    #[arg(long)]
+    pub ranking: Option<PathBuf>,
     /// Dev task files, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = defaults::DEV_SETS)]
     pub data: Vec<PathBuf>,
@@ -69,7 +73,10 @@ pub fn run(a: TuneArgs, threads: usize) -> Result<PathBuf> {
     let base = EngineSpec {
         model: model.folder.clone(),
         dtype: WeightDtype::Q4,
-        ranking: Some(installed::ranking(&model.folder, entry.name)?),
+        ranking: Some(match a.ranking {
+            Some(r) => r,
+            None => installed::ranking(&model.folder, entry.name)?,
+        }),
         params: SelectionParams {
             task: a.task.clone(),
             ..CLI.selection_params()
