@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's main job (README): sets up ROS 2 (PyPI wheels), builds the
-# node, prepares the default model (SmolLM2-135M-Instruct), starts
+# node, prepares the default model (Qwen2.5-Coder-1.5B-Instruct), starts
 # selectinfer_node with config/node.yaml, sends a demo prompt through its
 # ~/generate service, prints the answer and stops the node.
 set -euo pipefail
@@ -13,7 +13,9 @@ source .ros/env.sh
 # Catalog models live in the models home; the repository's models/ here.
 export SELECTINFER_MODELS=${SELECTINFER_MODELS:-$PWD/models}
 cargo build --release --features ros --bins
-./target/release/selectinfer prepare-model smollm2-135m-instruct
+# The default model (config/node.yaml names it; the node would prepare it
+# too, but here the download shows its progress bar).
+./target/release/selectinfer prepare-model
 
 export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))}
 mkdir -p runs

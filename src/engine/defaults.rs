@@ -111,7 +111,7 @@ pub const NODE: Defaults = Defaults {
 
 /// The default model: the node's, the CLI's and `prepare-model`'s when
 /// told no name (a catalog name; its preset sets the method's knobs).
-pub const MODEL_NAME: &str = "smollm2-135m-instruct";
+pub const MODEL_NAME: &str = "qwen2.5-coder-1.5b-instruct";
 
 /// Allocations of at least this many bytes get a mapping of their own,
 /// returned to the system when freed

@@ -79,6 +79,8 @@ def test_node_reports_no_cuda_device():
             "--params-file",
             str(ROOT / "config" / "node.yaml"),
             "-p",
+            f"model:={MODEL}",
+            "-p",
             "device:=cuda:0",
         ]
     )
