@@ -415,7 +415,12 @@ fn retentions(
 /// `selectinfer bench --json` of the model at these knobs, in a process of
 /// its own (this executable), so that its peak RSS is its own.
 fn bench_process(model: &str, knobs: &Knobs, threads: usize) -> Result<Measured> {
-    let exe = std::env::current_exe().context("finding the selectinfer executable")?;
+    let mut exe = std::env::current_exe().context("finding the selectinfer executable")?;
+    // Rebuilt while a long tune runs: Linux names the old file "… (deleted)";
+    // the new one at the same path is the executable meant.
+    if let Some(path) = exe.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+        exe = PathBuf::from(path);
+    }
     let mut cmd = std::process::Command::new(&exe);
     if threads > 0 {
         cmd.args(["--threads", &threads.to_string()]);
