@@ -151,6 +151,48 @@ fn an_unprepared_or_half_prepared_model_is_never_taken_for_a_finished_one() {
 }
 
 #[test]
+fn a_model_prepared_for_its_preset_keeps_only_the_q4_checkpoint_it_serves() {
+    let cwd = tempfile::tempdir().unwrap();
+    let lean_home = tempfile::tempdir().unwrap();
+    let lean = lean_home.path().join(NAME);
+    std::fs::create_dir(&lean).unwrap();
+    // The verified GGUF in place: preparation skips the download.
+    let full = common::model_dir(NAME);
+    std::fs::copy(full.join("model.gguf"), lean.join("model.gguf")).unwrap();
+    let out = selectinfer(cwd.path(), lean_home.path(), &["prepare-model", NAME]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let q4 = lean.join("model.q4.siq");
+    assert!(q4.is_file(), "{}", stderr(&out));
+    assert!(!lean.join("model.safetensors").exists(), "f32 removed");
+    assert!(!lean.join("model.q8.siq").exists(), "no q8");
+    assert!(
+        stderr(&out).contains("prepare-model --all"),
+        "says how to get it back"
+    );
+    // The same bytes as the q4 made beside a kept f32 checkpoint.
+    assert!(
+        std::fs::read(&q4).unwrap() == std::fs::read(full.join("model.q4.siq")).unwrap(),
+        "the lean q4 checkpoint differs from the full folder's"
+    );
+    let r = report(&bench(cwd.path(), lean_home.path(), NAME, &[]));
+    assert_eq!(r["dtype"], "q4");
+    // A second preparation finds it finished: nothing converted again.
+    let written = std::fs::metadata(&q4).unwrap().modified().unwrap();
+    let out = selectinfer(cwd.path(), lean_home.path(), &["prepare-model", NAME]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!lean.join("model.safetensors").exists(), "{}", stderr(&out));
+    // --all writes the f32 checkpoint and q8 back; q4 stays valid.
+    let out = selectinfer(
+        cwd.path(),
+        lean_home.path(),
+        &["prepare-model", "--all", NAME],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(lean.join("model.safetensors").is_file() && lean.join("model.q8.siq").is_file());
+    assert_eq!(std::fs::metadata(&q4).unwrap().modified().unwrap(), written);
+}
+
+#[test]
 fn the_preset_sets_what_the_flags_do_not_and_the_flags_win() {
     let preset = common::repo_root().join(format!("config/models/{NAME}.yaml"));
     let text = std::fs::read_to_string(&preset).unwrap();

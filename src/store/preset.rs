@@ -6,6 +6,7 @@
 //! flag of the same name (`load_ratio` ↔ `--load-ratio`).
 
 use super::installed;
+use crate::sys::device::WeightDtype;
 use anyhow::{bail, Context, Result};
 use serde_yaml::Value;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,19 @@ impl Preset {
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| flag_text(v))
+    }
+}
+
+/// The dtype the catalog model `name` is served in: its preset's `dtype`,
+/// else the CLI's default.
+pub fn serving_dtype(name: &str) -> Result<WeightDtype> {
+    let Some(preset) = Preset::for_model(name)? else {
+        return Ok(crate::engine::defaults::CLI.dtype);
+    };
+    match preset.flag_text("dtype") {
+        Some(text) => crate::sys::named::parse(&text)
+            .with_context(|| format!("the `dtype` of the preset {}", preset.path.display())),
+        None => Ok(crate::engine::defaults::CLI.dtype),
     }
 }
 

@@ -185,6 +185,29 @@ pub struct BenchOptions {
     pub head_screen: (usize, crate::model::head_screen::ScreenBits),
 }
 
+/// Benchmarks the engine `spec` describes, γ as its memory budget plans it
+/// (the tokenizer resident while planning, as in a load).
+pub fn run_spec(
+    spec: &crate::engine::EngineSpec,
+    engine: BenchEngine,
+    new_tokens: usize,
+    measure_bandwidth: bool,
+) -> Result<BenchReport> {
+    let codec = TextCodec::from_model_dir(&spec.model)?;
+    let (spec, _) = spec.planned()?;
+    drop(codec);
+    let load = spec.load_options()?; // first: a missing device is the error to report
+    let opts = BenchOptions {
+        method: spec.method()?,
+        engine,
+        new_tokens,
+        measure_bandwidth,
+        vocab: spec.vocab,
+        head_screen: (spec.head_screen, spec.head_screen_bits),
+    };
+    run(&spec.model, &load, &opts)
+}
+
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
 /// our model with `load`; `candle-gguf` loads only the tokenizer and the GGUF.
 pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<BenchReport> {

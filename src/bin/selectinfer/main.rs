@@ -16,7 +16,7 @@ use selectinfer::store::home::{self, Missing};
 use selectinfer::store::{prepare, quantize};
 use selectinfer::sys::device::Quant;
 use selectinfer::sys::device::WeightDtype;
-use selectinfer::tools::bench::{self, BenchEngine, BenchOptions};
+use selectinfer::tools::bench::{self, BenchEngine};
 use selectinfer::tools::{eval, fidelity, gguf, hotswap, parity, synth};
 use std::io::Write;
 use std::process::ExitCode;
@@ -29,9 +29,18 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
         model.resolve(flags)?;
     }
     match cli.command {
-        Command::PrepareModel { name, dir, dtype } => {
+        Command::PrepareModel {
+            name,
+            dir,
+            dtype,
+            all,
+        } => {
             let dir = dir.map_or_else(home::models_home, Ok)?;
-            println!("{}", prepare::prepare_model(&name, &dir, dtype)?.display());
+            let keep = prepare::Keep::for_serving(&name, all)?;
+            println!(
+                "{}",
+                prepare::prepare_model(&name, &dir, dtype, keep)?.display()
+            );
         }
         Command::Generate {
             model,
@@ -208,20 +217,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             bandwidth,
             json,
         } => {
-            // Under a memory budget, γ as planned (tokenizer resident, as in a load).
-            let codec = selectinfer::engine::text::TextCodec::from_model_dir(&model.folder)?;
-            let (spec, _) = model.spec().planned()?;
-            drop(codec);
-            let load = spec.load_options()?; // first: a missing device is the error to report
-            let opts = BenchOptions {
-                method: spec.method()?,
-                engine,
-                new_tokens,
-                measure_bandwidth: bandwidth,
-                vocab: spec.vocab,
-                head_screen: (spec.head_screen, spec.head_screen_bits),
-            };
-            let report = bench::run(&spec.model, &load, &opts)?;
+            let report = bench::run_spec(&model.spec(), engine, new_tokens, bandwidth)?;
             match json {
                 true => println!("{}", serde_json::to_string_pretty(&report)?),
                 false => println!("{report}"),
