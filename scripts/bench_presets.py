@@ -6,7 +6,7 @@ Usage (from the repository root, on an otherwise idle machine, after
 `cargo build --release`; llama.cpp from `pip install xllamacpp==2026.10.11549`
 in the interpreter that runs this script):
   /tmp/refvenv/bin/python scripts/bench_presets.py [--rounds 3] [--threads 2] \\
-      [--models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct] [--readme]
+      [--models NAME ...] [--readme]
 
 Per round and model, one process after another: `selectinfer bench --model
 NAME` (the preset config/models/NAME.yaml applies), the same with
@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import ROOT, llamacpp, median_by_decode, run_json  # noqa: E402
 
-MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
+MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
 
 
 def ours(args, name, preset):

@@ -186,12 +186,11 @@ mod tests {
         assert!(e.to_string().contains("cannot set `threads`"), "{e}");
     }
 
-    /// The committed presets are valid: known keys only. The two models CI
-    /// prepares have one (qwen2.5-coder-1.5b-instruct's is not tuned yet:
-    /// it runs the built-in dense q4).
+    /// Every catalog model has a committed preset: known keys only, written
+    /// by `selectinfer tune` (its command in the header), served in q4.
     #[test]
     fn the_committed_presets_are_valid() {
-        for e in &crate::store::prepare::CATALOG[..2] {
+        for e in crate::store::prepare::CATALOG {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(DIR)
                 .join(format!("{}.yaml", e.name));
@@ -200,6 +199,18 @@ mod tests {
                 p.flag_text("dtype").is_some(),
                 "{}: no dtype",
                 path.display()
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.contains("# command: selectinfer") && text.contains(" tune --model "),
+                "{}: not written by `selectinfer tune` (no command in its header)",
+                path.display()
+            );
+            assert_eq!(
+                serving_dtype(e.name).unwrap(),
+                WeightDtype::Q4,
+                "{}",
+                e.name
             );
         }
     }
