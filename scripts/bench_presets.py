@@ -18,7 +18,8 @@ llama.cpp's in the same round (median and range). Retention comes from the
 JSON `selectinfer tune` wrote (docs/bench/tune-NAME.json). Writes
 docs/bench/presets.json and prints a markdown table; --readme also rewrites
 README.md's and docs/BENCHMARKS.md's tables between their `presets-table`
-markers.
+markers. Models left out of --models keep their rows of the previous
+docs/bench/presets.json (the command line printed with the table says so).
 """
 
 import argparse
@@ -76,6 +77,19 @@ def main():
             runs.setdefault((name, "dense q4"), []).append(dense)
             runs.setdefault((name, "llama.cpp"), []).append(
                 llamacpp(args, os.path.join(home, name), ids))
+    # Models not run this time keep their rows of the previous run's file.
+    kept = []
+    if os.path.exists(args.out):
+        kept = [r for r in json.load(open(args.out)).get("runs", [])
+                if r["model"] not in args.models]
+    for r in kept:
+        runs[(r["model"], r["row"])] = r["reports"]
+    args.models = [m for m in MODELS if any(r["model"] == m for r in kept)] + args.models
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:  # the raw runs first: a table error loses nothing
+        json.dump({"args": vars(args),
+                   "runs": [{"model": k[0], "row": k[1], "reports": v} for k, v in runs.items()]},
+                  f, indent=1)
     head = ("| model | configuration | decode tok/s | × llama.cpp (median, range) | TTFT s "
             "| peak RSS MiB (llama.cpp's) | retention vs dense q4 (90 % interval) |")
     lines = [head, "|---|---|---|---|---|---|---|"]
@@ -90,8 +104,9 @@ def main():
                             for a, b in zip(reps, llama))
             ratio = (f"{paired[len(paired) // 2]:.2f} ({paired[0]:.2f}–{paired[-1]:.2f})"
                      if row != "llama.cpp" else "1")
-            label = {"preset": f"preset ({r['dtype']}, {r['mode']})",
-                     "dense q4": "dense q4, no preset", "llama.cpp": "llama.cpp, its GGUF"}[row]
+            label = {"preset": lambda: f"preset ({r['dtype']}, {r['mode']})",
+                     "dense q4": lambda: "dense q4, no preset",
+                     "llama.cpp": lambda: "llama.cpp, its GGUF"}[row]()
             cells = [name, label, f"{r['decode_tokens_per_s']:.1f}", ratio, f"{r['ttft_s']:.2f}",
                      f"{r['peak_rss_bytes'] / 2**20:.0f} ({ref['peak_rss_bytes'] / 2**20:.0f})",
                      retention(name) if row == "preset" else "–"]
@@ -108,7 +123,10 @@ def main():
                 f"{os.cpu_count()} cores, {args.threads} threads, {args.rounds} alternated rounds, "
                 f"{args.new_tokens} new tokens per prompt; raw figures: "
                 f"`{os.path.relpath(args.out, ROOT)}`. Command:")
-        cmd = ("`" + " ".join(["scripts/bench_presets.py"] + sys.argv[1:]) + "`")
+        cmd = ("`" + " ".join(["scripts/bench_presets.py"] + sys.argv[1:]) + "`"
+               + (f" (rows of {', '.join(m for m in args.models if m not in sys.argv)} from the "
+                  "run before, `scripts/bench_presets.py --rounds 2 --readme`)"
+                  if any(m not in sys.argv for m in args.models) else ""))
         fill(os.path.join(ROOT, "README.md"), lines)
         fill(os.path.join(ROOT, "docs", "BENCHMARKS.md"), [when, "", cmd, ""] + lines)
 

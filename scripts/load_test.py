@@ -35,7 +35,9 @@ serving the others.
 Every request ends as: answered, rejected (with the node's reason), cancelled,
 failed (success false, not a rejection), abandoned (its client vanished), cut
 (unanswered, and the node was killed between its send and being back plus
-`--rediscovery` s, while the client may still be matched to the dead node), late
+`--rediscovery` s, while the client may still be matched to the dead node;
+or logged by the node as ended in the two seconds before a kill, whose reply
+the kill took with it), late
 (answered after the client's `--request-timeout`: seen by the client, or
 logged by the node as ended after it), undelivered (logged as ended in time,
 yet no reply arrived), or LOST (never answered). Replies that arrive twice for one id are counted as duplicates.
@@ -660,6 +662,13 @@ def account(a, done, vanished, orphans, died, dups, late, kills, rss, rss_end, r
     for idx, rid, kind, outcome, reason, sent, t in done:
         if outcome == "timeout" and rid in late:
             outcome = "late"  # the reply came after the client's timeout
+        elif outcome == "timeout" and rid in logged and any(
+                logged[rid] <= k["kill"] <= logged[rid] + 2 for k in kills):
+            # Logged as ended in the second before a SIGKILL: the node logs
+            # a request when its generation ends and the reply then leaves
+            # through the pacer thread, so the kill can take the reply with
+            # it (seen once in CI). Cut, as any request the kill caught.
+            outcome = "cut"
         elif outcome == "timeout" and rid in logged:
             # Ended by the node before the client gave up (1 s log
             # resolution): a reply that never arrived.
@@ -710,6 +719,15 @@ def account(a, done, vanished, orphans, died, dups, late, kills, rss, rss_end, r
     print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     if lost:
         print(f"LOST: {' '.join(sorted(lost)[:20])}")
+        # When each was sent and logged as ended against the kills, to tell
+        # a reply the kill took from one DDS dropped (times from the first send).
+        sent_at = {rid: sent for _, rid, _, _, _, sent, _ in done}
+        t0 = min(sent_at.values())
+        kill_at = " ".join(f"{k['kill'] - t0:.1f}" for k in kills) or "none"
+        for rid in sorted(lost)[:5]:
+            ended = f"{logged[rid] - t0:.0f} s (1 s resolution)" if rid in logged else "never"
+            print(f"  {rid}: sent at {sent_at[rid] - t0:.1f} s, logged as ended at {ended}; "
+                  f"kills at {kill_at} s")
     print(f"vanished clients {len(vanished)} (with {sum(map(len, vanished.values()))} requests "
           f"in flight); " f"LOST {len(lost)}; duplicate replies {dups}; rejections without a reason "
           f"{len(no_reason)}; goals cancelled by the node as their client left: {left}"

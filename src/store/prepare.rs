@@ -210,17 +210,6 @@ pub enum Keep {
     All,
 }
 
-impl Keep {
-    /// What serving the catalog model `name` reads: the dtype its preset
-    /// runs in ([`Keep::All`] when `all`).
-    pub fn for_serving(name: &str, all: bool) -> Result<Self> {
-        match all {
-            true => Ok(Self::All),
-            false => Ok(Self::Only(crate::store::preset::serving_dtype(name)?)),
-        }
-    }
-}
-
 /// Downloads, verifies and converts `name` into `dir/name`, writing what
 /// `keep` names. Returns the folder.
 ///

@@ -106,6 +106,15 @@ pub fn serving_dtype(name: &str) -> Result<WeightDtype> {
     }
 }
 
+/// What preparing the catalog model `name` keeps: the checkpoint of the
+/// dtype its preset runs in (every format when `all`).
+pub fn keep_for_serving(name: &str, all: bool) -> Result<super::prepare::Keep> {
+    match all {
+        true => Ok(super::prepare::Keep::All),
+        false => Ok(super::prepare::Keep::Only(serving_dtype(name)?)),
+    }
+}
+
 /// A YAML value as a flag's text: scalars as written, lists comma-separated.
 pub fn flag_text(v: &Value) -> String {
     match v {

@@ -13,7 +13,7 @@ use selectinfer::engine::grammar::Grammar;
 use selectinfer::engine::text::conversation;
 use selectinfer::engine::{GenerateOptions, Generator, Sampling};
 use selectinfer::store::home::{self, Missing};
-use selectinfer::store::{prepare, quantize};
+use selectinfer::store::{prepare, preset, quantize};
 use selectinfer::sys::device::Quant;
 use selectinfer::sys::device::WeightDtype;
 use selectinfer::tools::bench::{self, BenchEngine};
@@ -36,7 +36,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             all,
         } => {
             let dir = dir.map_or_else(home::models_home, Ok)?;
-            let keep = prepare::Keep::for_serving(&name, all)?;
+            let keep = preset::keep_for_serving(&name, all)?;
             println!(
                 "{}",
                 prepare::prepare_model(&name, &dir, dtype, keep)?.display()
