@@ -653,10 +653,12 @@ def account(a, done, vanished, orphans, died, dups, late, kills, rss, rss_end, r
     # after the client stopped waiting (late) from one never delivered.
     logged = {}
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # launch colours the log
-    for stamp, rid in re.findall(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)Z\s+\w+\s+"
-                                 r"selectinfer::serve::\S+\s+request (\S+?)"
-                                 r"(?:: \d+ \(| rejected| cancelled)", plain):
-        logged[rid] = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    # ROS's console format ("[INFO] [1764975071.123456789] [selectinfer_node]:
+    # request ..."), or env_logger's (whole seconds) of older builds.
+    for stamp, epoch, rid in re.findall(r"(?:(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)Z\s+\w+\s+selectinfer::serve::\S+"
+                                        r"|\[\w+\] \[(\d+\.\d+)\] \[[^\]]*\]:)\s+request (\S+?)"
+                                        r"(?:: \d+ \(| rejected| cancelled)", plain):
+        logged[rid] = float(epoch) if epoch else calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
     final = {}
     vanished_rids = {rid for rids in vanished.values() for rid in rids}
     for idx, rid, kind, outcome, reason, sent, t in done:
@@ -725,7 +727,7 @@ def account(a, done, vanished, orphans, died, dups, late, kills, rss, rss_end, r
         t0 = min(sent_at.values())
         kill_at = " ".join(f"{k['kill'] - t0:.1f}" for k in kills) or "none"
         for rid in sorted(lost)[:5]:
-            ended = f"{logged[rid] - t0:.0f} s (1 s resolution)" if rid in logged else "never"
+            ended = f"{logged[rid] - t0:.1f} s" if rid in logged else "never"
             print(f"  {rid}: sent at {sent_at[rid] - t0:.1f} s, logged as ended at {ended}; "
                   f"kills at {kill_at} s")
     print(f"vanished clients {len(vanished)} (with {sum(map(len, vanished.values()))} requests "

@@ -82,7 +82,7 @@ export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 export _ROS_WHEELS_BOOTSTRAP_COMPLETE=1
 # r2r: generate bindings only for what the node uses.
-export IDL_PACKAGE_FILTER="std_msgs;builtin_interfaces;diagnostic_msgs;rcl_interfaces;action_msgs;unique_identifier_msgs;lifecycle_msgs;selectinfer_msgs"
+export IDL_PACKAGE_FILTER="std_msgs;builtin_interfaces;diagnostic_msgs;rcl_interfaces;action_msgs;unique_identifier_msgs;lifecycle_msgs;rosgraph_msgs;selectinfer_msgs"
 ENV
 
 # 4. The interface package (msg/), rebuilt when its files change.

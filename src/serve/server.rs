@@ -136,13 +136,30 @@ pub struct Stats {
     pub queue_capacity: usize,
     pub busy: bool,
     pub completed: u64,
+    /// Requests that were valid but failed (the model, a task swap).
     pub failed: u64,
+    /// Invalid requests, answered at once with why (not counted as failed).
+    pub refused: u64,
+    /// Valid requests turned away: queue full, shutting down.
     pub rejected: u64,
     pub cancelled: u64,
     /// Decode tokens/s of the last completed generation.
     pub last_tokens_per_s: f64,
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
+}
+
+/// What runtime settings may be on a loaded server: the node's parameter
+/// descriptors are drawn from it, so they say what a set accepts.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// `max_new_tokens` is below it.
+    pub max_context: usize,
+    /// Tasks with a plan (`task` is one of them).
+    pub tasks: Vec<String>,
+    /// φ's range, `[δ, γ]` as loaded; `None` where φ does not apply (the
+    /// mode computes every loaded neuron).
+    pub compute_ratio: Option<(f64, f64)>,
 }
 
 /// What runtime settings must respect, fixed at load.
@@ -209,6 +226,7 @@ struct Shared {
     busy: AtomicBool,
     completed: AtomicU64,
     failed: AtomicU64,
+    refused: AtomicU64,
     rejected: AtomicU64,
     cancelled: AtomicU64,
     last_tokens_per_s: Mutex<f64>,
@@ -273,6 +291,7 @@ impl Server {
             busy: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             last_tokens_per_s: Mutex::new(0.0),
@@ -365,7 +384,7 @@ impl Server {
             job.request.task = self.settings().task;
         }
         if let Err(e) = self.check_request(&job.request) {
-            self.shared.failed.fetch_add(1, Ordering::Relaxed);
+            self.shared.refused.fetch_add(1, Ordering::Relaxed);
             log::info!("request {} refused: {e:#}", job.request.id);
             (job.on_done)(Reply::error(&job.request.id, format!("{e:#}")));
             return false;
@@ -418,6 +437,18 @@ impl Server {
     }
 
     /// Whether one more job would be queued now (for action goal acceptance).
+    /// What runtime settings may be (see [`Bounds`]).
+    pub fn bounds(&self) -> Bounds {
+        let l = &self.limits;
+        Bounds {
+            max_context: l.max_context,
+            tasks: l.tasks.clone(),
+            compute_ratio: l
+                .selects
+                .then_some((l.load_params.static_ratio, l.load_params.load_ratio)),
+        }
+    }
+
     pub fn has_room(&self) -> bool {
         let q = self.shared.queue.lock().unwrap();
         q.open && q.jobs.len() < self.capacity
@@ -431,6 +462,7 @@ impl Server {
             busy: s.busy.load(Ordering::SeqCst),
             completed: s.completed.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
             rejected: s.rejected.load(Ordering::Relaxed),
             cancelled: s.cancelled.load(Ordering::Relaxed),
             last_tokens_per_s: *s.last_tokens_per_s.lock().unwrap(),

@@ -152,7 +152,7 @@ fn step(h: &mut ParamHandle, active: bool, name: &str, v: &P) -> Result<bool, St
     let after = snapshot(h);
     let declared_names: Vec<&str> = PARAMETERS.iter().map(|p| p.name).collect();
     match &set {
-        Err(r2r::Error::ParameterValueConv { name: n, msg }) => {
+        Err(r2r::Error::ParameterRefused { name: n, msg }) => {
             check!(n == name, "refusal of {name} filed under {n}");
             check!(
                 !msg.trim().is_empty() && msg.contains(name),

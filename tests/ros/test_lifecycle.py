@@ -83,6 +83,11 @@ def test_configure_activate_deactivate_cleanup_and_back(node_proc, client):
     assert go(Transition.TRANSITION_CONFIGURE) and go(Transition.TRANSITION_ACTIVATE)
     r = ask()
     assert r.success and r.text, r.error
-    assert spin_until(client, lambda: len(events) >= 6, 20), len(events)
-    assert [e.goal_state.label for e in events[:6]] == [
-        "inactive", "active", "inactive", "unconfigured", "inactive", "active"]
+    # Two events a transition, as rcl's state machine publishes them: into
+    # the intermediate state, then out of it.
+    assert spin_until(client, lambda: len(events) >= 12, 20), len(events)
+    assert [e.goal_state.label for e in events[:12]] == [
+        "configuring", "inactive", "activating", "active", "deactivating", "inactive",
+        "cleaningup", "unconfigured", "configuring", "inactive", "activating", "active"]
+    assert [e.transition.label for e in events[:4]] == [
+        "configure", "transition_success", "activate", "transition_success"]

@@ -67,6 +67,6 @@ def test_a_missing_folder_names_the_folder_it_was_resolved_against(tmp_path):
     finally:
         stop_node(proc)
     text = log.read_text()
-    assert code == 2, text
+    assert code == 78, text  # EX_CONFIG: launch does not restart it
     assert f"{tmp_path}/models/{NAME}" in text and f"working directory {tmp_path}" in text, text
     assert "panicked" not in text

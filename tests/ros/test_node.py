@@ -42,14 +42,14 @@ def wait_subscribed(node, publisher, timeout=20):
         "the node never subscribed"
 
 
-def set_param(node, name, value):
+def set_param(node, name, value, ns=NS):
     if isinstance(value, float):
         pv = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
     elif isinstance(value, int):
         pv = ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=value)
     else:
         pv = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=value)
-    client = node.create_client(SetParameters, f"{NS}/set_parameters")
+    client = node.create_client(SetParameters, f"{ns}/set_parameters")
     res = call(node, client, SetParameters.Request(parameters=[Parameter(name=name, value=pv)]))
     return res.results[0]
 
@@ -218,6 +218,7 @@ def test_runtime_phi_change_applies_to_next_response(node_proc, client):
     assert not refused.successful and "load_ratio" in refused.reason, refused.reason
     refused = set_param(client, "mode", "dense")
     assert not refused.successful and "start-up" in refused.reason, refused.reason
+    assert "conversion failed" not in refused.reason, refused.reason
     still = call(client, gen, Generate.Request(prompt="Hello!", max_new_tokens=4))
     assert still.success and abs(still.compute_ratio - before.compute_ratio) < 1e-6
 
@@ -238,7 +239,8 @@ def test_describe_parameters_gives_ranges_and_read_only(node_proc, client):
     assert sorted(d) == sorted(names), d
     phi = d["compute_ratio"]
     assert phi.type == ParameterType.PARAMETER_DOUBLE and not phi.read_only
-    assert [(r.from_value, r.to_value) for r in phi.floating_point_range] == [(0.0, 1.0)]
+    # phi is at most load_ratio (0.7 here); 0 is refused, so the range starts above it.
+    assert [(r.from_value, r.to_value) for r in phi.floating_point_range] == [(0.001, 0.7)]
     assert "phi" in phi.description
     tokens = d["max_new_tokens"]
     assert not tokens.read_only and tokens.integer_range[0].from_value == 1
@@ -257,7 +259,8 @@ def test_describe_parameters_gives_ranges_and_read_only(node_proc, client):
     refused = set_param(client, "max_new_tokens", 0)
     assert not refused.successful and "max_new_tokens must be in [1," in refused.reason, refused
     refused = set_param(client, "top_p", -0.5)
-    assert not refused.successful and "top_p must be in [0, 1]" in refused.reason, refused
+    assert not refused.successful and "top_p must be in [0.001, 1]" in refused.reason, refused
+    assert not refused.reason.startswith("Parameter"), refused.reason  # not "conversion failed"
     after = call(client, get, GetParameters.Request(names=["temperature"])).values[0]
     assert after.double_value == before.double_value
 
@@ -306,23 +309,23 @@ def _startup_fails(tmp_path, *overrides):
 
 def test_startup_refuses_bad_configuration(tmp_path):
     code, log = _startup_fails(tmp_path, "model:=models/does-not-exist")
-    assert code == 2 and "does-not-exist" in log and "does not exist" in log, log
+    assert code == 78 and "does-not-exist" in log and "does not exist" in log, log
     code, log = _startup_fails(
         tmp_path, "ranking:=rankings/qwen2.5-coder-0.5b-instruct.ranking.safetensors")
-    assert code == 2 and "ranking" in log, log
+    assert code == 78 and "ranking" in log, log
     code, log = _startup_fails(tmp_path, "compute_ratio:=0.95")  # > load_ratio
-    assert code == 2 and "compute_ratio" in log, log
+    assert code == 78 and "compute_ratio" in log, log
     code, log = _startup_fails(tmp_path, "mode:=fastest")
-    assert code == 2 and "mode" in log, log
+    assert code == 78 and "mode" in log, log
     code, log = _startup_fails(tmp_path, "prefill_chunk:=0")
-    assert code == 2 and "prefill_chunk" in log, log
+    assert code == 78 and "prefill_chunk" in log, log
     code, log = _startup_fails(tmp_path, "memory_budget_mb:=-1")
-    assert code == 2 and "memory_budget_mb must be >= 0" in log, log
+    assert code == 78 and "memory_budget_mb must be >= 0" in log, log
     code, log = _startup_fails(tmp_path, "memory_budget_mb:=60")
-    assert code == 2 and "memory budget 60 MiB is below the floor of" in log, log
+    assert code == 78 and "memory budget 60 MiB is below the floor of" in log, log
     code, log = _startup_fails(tmp_path, "threads:=-2")
-    assert code == 2 and "threads must be in [0, 1024], got -2" in log, log
+    assert code == 78 and "threads must be in [0, 1024], got -2" in log, log
     code, log = _startup_fails(tmp_path, "no_such_parameter:=1")
-    assert code == 2 and "unknown parameter" in log, log
+    assert code == 78 and "unknown parameter" in log, log
     assert "panicked" not in log
     assert (ROOT / "config" / "node.yaml").exists()

@@ -3,6 +3,7 @@
 //! requests are handled on the executor; goals whose clients left the graph
 //! are cancelled.
 
+use super::clock::NodeClock;
 use super::lifecycle::Managed;
 use super::messages::{publish_response, reply_into, request_of, Outputs};
 use crate::serve::server::{CancelToken, Job, Reply, ReplySink, TokenSink};
@@ -21,8 +22,8 @@ const STATUS_SUCCEEDED: i8 = 4;
 const STATUS_CANCELED: i8 = 5;
 const STATUS_ABORTED: i8 = 6;
 
-fn action_result(r: &Reply, status: i8) -> GenerateAction::Result {
-    reply_into!(GenerateAction::Result, r, status: status)
+fn action_result(r: &Reply, status: i8, clock: &NodeClock) -> GenerateAction::Result {
+    reply_into!(GenerateAction::Result, r, clock.stamp(), status: status)
 }
 
 /// Finds abandoned action goals. Each goal remembers its client's DDS
@@ -175,15 +176,15 @@ pub(super) async fn serve(
             // arriving in between), CANCELED still reaches the client.
             let id = &reply.request_id;
             let canceled = |goal: &mut r2r::ActionServerGoal<GenerateAction::Action>| {
-                goal.cancel(action_result(&reply, STATUS_CANCELED))
+                goal.cancel(action_result(&reply, STATUS_CANCELED, &out2.clock))
             };
             let sent = if by_client.is_cancelled() {
                 canceled(&mut result_goal)
             } else {
                 let done = if reply.success && !reply.cancelled() {
-                    result_goal.succeed(action_result(&reply, STATUS_SUCCEEDED))
+                    result_goal.succeed(action_result(&reply, STATUS_SUCCEEDED, &out2.clock))
                 } else {
-                    result_goal.abort(action_result(&reply, STATUS_ABORTED))
+                    result_goal.abort(action_result(&reply, STATUS_ABORTED, &out2.clock))
                 };
                 done.or_else(|e| {
                     log::warn!("goal {id}: {e} on its result; sending it as canceled");

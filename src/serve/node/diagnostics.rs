@@ -1,15 +1,17 @@
 //! `/diagnostics`: the server's statistics as a `DiagnosticArray`, published
-//! on a timer.
+//! on a timer, stamped on the node's clock, named after the node's fully
+//! qualified name (`/robot7/selectinfer_node: generation`).
 
+use super::clock::NodeClock;
 use super::lifecycle::Managed;
 use super::params::{NodeParams, ParamHandle};
-use super::NODE_NAME;
 use crate::serve::server::Stats;
 use r2r::{diagnostic_msgs, std_msgs, Publisher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub(super) fn diagnostics(
+    node_name: &str,
     stats: &Stats,
     params: &NodeParams,
     lifecycle: &str,
@@ -28,7 +30,7 @@ pub(super) fn diagnostics(
         } else {
             DiagnosticStatus::OK as u8
         },
-        name: format!("{NODE_NAME}: generation"),
+        name: format!("{node_name}: generation"),
         message: match (serving, full, stats.busy) {
             (false, _, _) => format!("{lifecycle}: new requests are refused"),
             (true, true, _) => "queue full: new requests are rejected".into(),
@@ -46,6 +48,7 @@ pub(super) fn diagnostics(
             kv("peak_rss_bytes", stats.peak_rss_bytes.to_string()),
             kv("completed", stats.completed.to_string()),
             kv("failed", stats.failed.to_string()),
+            kv("refused", stats.refused.to_string()),
             kv("rejected", stats.rejected.to_string()),
             kv("cancelled", stats.cancelled.to_string()),
             kv("mode", params.engine.mode.name().into()),
@@ -61,22 +64,32 @@ pub(super) fn diagnostics(
     }
 }
 
+/// Where and how the statistics go: `/diagnostics`, under the node's
+/// fully qualified name, stamped on its clock.
+pub(super) struct Diagnostics {
+    pub publisher: Publisher<diagnostic_msgs::msg::DiagnosticArray>,
+    pub node_name: String,
+    pub clock: NodeClock,
+}
+
 /// Publishes the statistics on every tick of `timer`.
 pub(super) async fn publish_on(
     mut timer: r2r::Timer,
-    publisher: Publisher<diagnostic_msgs::msg::DiagnosticArray>,
+    out: Diagnostics,
     server: Arc<Managed>,
     handle: Arc<Mutex<ParamHandle>>,
 ) {
-    let mut clock = r2r::Clock::create(r2r::ClockType::SystemTime).ok();
     while timer.tick().await.is_ok() {
-        let now = clock
-            .as_mut()
-            .and_then(|c| c.get_now().ok())
-            .unwrap_or_default();
         let params = handle.lock().unwrap().params.clone();
         let state = server.state().label;
-        if let Err(e) = publisher.publish(&diagnostics(&server.stats(), &params, &state, now)) {
+        let msg = diagnostics(
+            &out.node_name,
+            &server.stats(),
+            &params,
+            &state,
+            out.clock.now(),
+        );
+        if let Err(e) = out.publisher.publish(&msg) {
             log::warn!("publishing diagnostics: {e}");
         }
     }

@@ -10,9 +10,17 @@
 //! finalized. The interfaces reach the server through [`Managed`], which
 //! answers every request itself while no server is active. Configure runs
 //! on a thread of its own: the executor keeps draining requests meanwhile.
+//!
+//! Each transition publishes two events on `~/transition_event`, as rcl's
+//! state machine does: into its intermediate state (`configure`:
+//! unconfigured -> configuring), then out of it (`transition_success`:
+//! configuring -> inactive, or `transition_failure` back to where it
+//! started), so launch's `OnStateTransition(start_state='configuring',
+//! goal_state='inactive')` can activate the node.
 
+use super::clock::NodeClock;
 use super::params::NodeParams;
-use crate::serve::server::{Job, Reply, RuntimeSettings, Server, Stats};
+use crate::serve::server::{Bounds, Job, Reply, RuntimeSettings, Server, Stats};
 use anyhow::{bail, Result};
 use futures::StreamExt;
 use r2r::lifecycle_msgs::msg::{State, Transition, TransitionDescription, TransitionEvent};
@@ -28,6 +36,10 @@ const INACTIVE: u8 = 2;
 const ACTIVE: u8 = 3;
 const FINALIZED: u8 = 4;
 const CONFIGURING: u8 = 10;
+const CLEANINGUP: u8 = 11;
+const SHUTTINGDOWN: u8 = 12;
+const ACTIVATING: u8 = 13;
+const DEACTIVATING: u8 = 14;
 const CONFIGURE: u8 = 1;
 const CLEANUP: u8 = 2;
 const ACTIVATE: u8 = 3;
@@ -43,6 +55,10 @@ fn state(id: u8) -> State {
         ACTIVE => "active",
         FINALIZED => "finalized",
         CONFIGURING => "configuring",
+        CLEANINGUP => "cleaningup",
+        SHUTTINGDOWN => "shuttingdown",
+        ACTIVATING => "activating",
+        DEACTIVATING => "deactivating",
         _ => "unknown",
     };
     State {
@@ -62,6 +78,18 @@ const TRANSITIONS: [(u8, &str, u8, u8); 7] = [
     (ACTIVE_SHUTDOWN, "shutdown", ACTIVE, FINALIZED),
 ];
 
+/// A transition's intermediate state and the ids of its way out (rcl's
+/// `on_<transition>_success`; failure is one more).
+fn intermediate(id: u8) -> (u8, u8) {
+    match id {
+        CONFIGURE => (CONFIGURING, 10),
+        CLEANUP => (CLEANINGUP, 20),
+        ACTIVATE => (ACTIVATING, 30),
+        DEACTIVATE => (DEACTIVATING, 40),
+        _ => (SHUTTINGDOWN, 50),
+    }
+}
+
 fn description(t: &(u8, &str, u8, u8)) -> TransitionDescription {
     TransitionDescription {
         transition: Transition {
@@ -77,6 +105,7 @@ fn description(t: &(u8, &str, u8, u8)) -> TransitionDescription {
 pub struct Managed {
     inner: Mutex<Inner>,
     params: Mutex<NodeParams>,
+    events: Mutex<Option<(Publisher<TransitionEvent>, NodeClock)>>,
 }
 
 struct Inner {
@@ -93,6 +122,33 @@ impl Managed {
                 server: None,
             }),
             params: Mutex::new(params),
+            events: Mutex::new(None),
+        }
+    }
+
+    /// From now on, every transition is published on `publisher`.
+    pub(super) fn publish_transitions_on(
+        &self,
+        publisher: Publisher<TransitionEvent>,
+        clock: NodeClock,
+    ) {
+        *self.events.lock().unwrap() = Some((publisher, clock));
+    }
+
+    fn publish(&self, (id, label): (u8, &str), from: u8, to: u8) {
+        if let Some((publisher, clock)) = &*self.events.lock().unwrap() {
+            let event = TransitionEvent {
+                timestamp: clock.now().as_nanos() as u64,
+                transition: Transition {
+                    id,
+                    label: label.into(),
+                },
+                start_state: state(from),
+                goal_state: state(to),
+            };
+            if let Err(e) = publisher.publish(&event) {
+                log::warn!("publishing the transition event: {e}");
+            }
         }
     }
 
@@ -139,6 +195,12 @@ impl Managed {
         }
     }
 
+    /// The loaded server's [`Bounds`]; `None` while unconfigured.
+    pub fn bounds(&self) -> Option<Bounds> {
+        let server = self.inner.lock().unwrap().server.clone();
+        server.map(|s| s.bounds())
+    }
+
     pub fn stats(&self) -> Stats {
         match self.inner.lock().unwrap().server.clone() {
             Some(s) => s.stats(),
@@ -170,6 +232,8 @@ impl Managed {
                 state(from).label
             );
         };
+        let (between, success) = intermediate(id);
+        self.publish((id, t.1), from, between);
         match id {
             CONFIGURE => {
                 self.inner.lock().unwrap().state = CONFIGURING;
@@ -179,6 +243,7 @@ impl Managed {
                     Ok(s) => self.inner.lock().unwrap().server = Some(Arc::new(s)),
                     Err(e) => {
                         self.inner.lock().unwrap().state = UNCONFIGURED;
+                        self.publish((success + 1, "transition_failure"), between, from);
                         return Err(e.context("configure: loading the engine"));
                     }
                 }
@@ -196,6 +261,7 @@ impl Managed {
             _ => {}
         }
         self.inner.lock().unwrap().state = t.3;
+        self.publish((success, "transition_success"), between, t.3);
         log::info!(
             "lifecycle: {} -> {} ({}), RSS {:.0} MiB",
             state(from).label,
@@ -227,11 +293,8 @@ pub(super) struct Services<A, B, C, D, E> {
 }
 
 /// Serves the lifecycle services until the node goes.
-pub(super) async fn serve<A, B, C, D, E>(
-    services: Services<A, B, C, D, E>,
-    managed: Arc<Managed>,
-    events: Publisher<TransitionEvent>,
-) where
+pub(super) async fn serve<A, B, C, D, E>(services: Services<A, B, C, D, E>, managed: Arc<Managed>)
+where
     A: futures::Stream<Item = r2r::ServiceRequest<ChangeState::Service>> + Unpin,
     B: futures::Stream<Item = r2r::ServiceRequest<GetState::Service>> + Unpin,
     C: futures::Stream<Item = r2r::ServiceRequest<GetAvailableStates::Service>> + Unpin,
@@ -245,13 +308,18 @@ pub(super) async fn serve<A, B, C, D, E>(
         services.transitions.fuse(),
         services.graph.fuse(),
     );
-    let events = Arc::new(Mutex::new(events));
     let busy = Arc::new(Mutex::new(false));
     loop {
         futures::select! {
             req = change.select_next_some() => {
-                let id = req.message.transition.id;
-                let (m, ev, busy) = (managed.clone(), events.clone(), busy.clone());
+                // By id, or (id 0) by label from the current state, as rcl takes it.
+                let t = &req.message.transition;
+                let now = managed.state().id;
+                let id = match t.id {
+                    0 => TRANSITIONS.iter().find(|x| x.1 == t.label && x.2 == now).map_or(0, |x| x.0),
+                    id => id,
+                };
+                let (m, busy) = (managed.clone(), busy.clone());
                 if std::mem::replace(&mut *busy.lock().unwrap(), true) {
                     log::warn!("transition {id} refused: another transition is running");
                     let _ = req.respond(ChangeState::Response { success: false });
@@ -259,23 +327,9 @@ pub(super) async fn serve<A, B, C, D, E>(
                 }
                 // Configure loads the model: off the executor.
                 std::thread::spawn(move || {
-                    let from = m.state();
                     let result = m.transition(id);
                     if let Err(e) = &result {
                         log::error!("lifecycle: {e:#}");
-                    }
-                    let event = TransitionEvent {
-                        timestamp: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_nanos() as u64),
-                        transition: Transition { id, label: String::new() },
-                        start_state: from,
-                        goal_state: m.state(),
-                    };
-                    if result.is_ok() {
-                        if let Err(e) = ev.lock().unwrap().publish(&event) {
-                            log::warn!("publishing the transition event: {e}");
-                        }
                     }
                     *busy.lock().unwrap() = false;
                     let _ = req.respond(ChangeState::Response { success: result.is_ok() });
@@ -285,7 +339,11 @@ pub(super) async fn serve<A, B, C, D, E>(
                 let _ = req.respond(GetState::Response { current_state: managed.state() });
             }
             req = states.select_next_some() => {
-                let all = [UNCONFIGURED, INACTIVE, ACTIVE, FINALIZED, CONFIGURING].map(state);
+                let all = [
+                    UNCONFIGURED, INACTIVE, ACTIVE, FINALIZED, CONFIGURING, CLEANINGUP, SHUTTINGDOWN,
+                    ACTIVATING, DEACTIVATING,
+                ]
+                .map(state);
                 let _ = req.respond(GetAvailableStates::Response { available_states: all.to_vec() });
             }
             req = transitions.select_next_some() => {

@@ -3,6 +3,7 @@
 //! into the Response message, the service response and the action result;
 //! the publishers every request's tokens and reply go out on.
 
+use super::clock::NodeClock;
 use super::pacer::Pacer;
 use crate::serve::server::{new_request_id, Reply, Request, TokenSink};
 use r2r::selectinfer_msgs::{msg as si, srv::Generate};
@@ -18,11 +19,13 @@ pub(super) struct Outputs {
     pub responses: Shared<si::Response>,
     /// Every reply (service response, `~/response` message) leaves through it.
     pub pacer: Arc<Pacer>,
+    /// Stamps every token and reply.
+    pub clock: NodeClock,
 }
 
 impl Outputs {
     pub fn token_sink(&self, request_id: &str) -> TokenSink {
-        let tokens = self.tokens.clone();
+        let (tokens, clock) = (self.tokens.clone(), self.clock.clone());
         let id = request_id.to_string();
         Box::new(move |index, text| {
             let msg = si::Token {
@@ -30,6 +33,7 @@ impl Outputs {
                 index: index as u32,
                 text: text.to_string(),
                 done: false,
+                stamp: clock.stamp(),
             };
             if let Err(e) = tokens.lock().unwrap().publish(&msg) {
                 log::warn!("publishing a token of {id}: {e}");
@@ -44,6 +48,7 @@ impl Outputs {
             index: reply.generated_tokens as u32,
             text: String::new(),
             done: true,
+            stamp: self.clock.stamp(),
         };
         if let Err(e) = self.tokens.lock().unwrap().publish(&msg) {
             log::warn!("publishing the end of {}: {e}", reply.request_id);
@@ -52,11 +57,13 @@ impl Outputs {
 }
 
 /// Any interface type carrying the response fields (the Response message,
-/// the service response, the action result), filled from a [`Reply`].
+/// the service response, the action result), filled from a [`Reply`] and
+/// stamped with `$stamp`.
 macro_rules! reply_into {
-    ($ty:path, $r:expr $(, $field:ident: $value:expr)*) => {{
+    ($ty:path, $r:expr, $stamp:expr $(, $field:ident: $value:expr)*) => {{
         let r: &Reply = $r;
         $ty {
+            stamp: $stamp,
             success: r.success,
             error: r.error.clone(),
             request_id: r.request_id.clone(),
@@ -73,12 +80,12 @@ macro_rules! reply_into {
     }};
 }
 
-pub(super) fn response_msg(r: &Reply) -> si::Response {
-    reply_into!(si::Response, r)
+pub(super) fn response_msg(r: &Reply, clock: &NodeClock) -> si::Response {
+    reply_into!(si::Response, r, clock.stamp())
 }
 
-pub(super) fn service_response(r: &Reply) -> Generate::Response {
-    reply_into!(Generate::Response, r)
+pub(super) fn service_response(r: &Reply, clock: &NodeClock) -> Generate::Response {
+    reply_into!(Generate::Response, r, clock.stamp())
 }
 
 /// A [`Request`] from any interface message with the request fields
@@ -137,10 +144,10 @@ pub(super) fn request(
     }
 }
 
-/// Publishes a reply on `~/response` (topic requests, rejected goals).
-/// Publishes the reply on `~/response`, paced behind the replies before it.
+/// Publishes a reply on `~/response` (topic requests, rejected goals),
+/// paced behind the replies before it.
 pub(super) fn publish_response(out: &Outputs, reply: &Reply) {
-    let (responses, msg) = (out.responses.clone(), response_msg(reply));
+    let (responses, msg) = (out.responses.clone(), response_msg(reply, &out.clock));
     out.pacer.send(move || {
         if let Err(e) = responses.lock().unwrap().publish(&msg) {
             log::error!("publishing the response of {}: {e}", msg.request_id);

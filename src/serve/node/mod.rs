@@ -19,22 +19,27 @@
 //! messages and the server's types; this file only wires them up.
 
 mod action;
+mod clock;
 mod diagnostics;
 mod lifecycle;
 mod messages;
 mod pacer;
+mod param_events;
 mod param_specs;
 mod params;
+mod rosout;
 mod service;
 mod topics;
 
 use action::GoalWatch;
 use anyhow::{Context as _, Result};
+use clock::NodeClock;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use futures::StreamExt;
 use lifecycle::Managed;
 use messages::Outputs;
+use param_events::ParameterEvents;
 use params::NodeParams;
 use r2r::selectinfer_msgs::{action::Generate as GenerateAction, msg as si, srv::Generate};
 use r2r::{diagnostic_msgs, std_msgs, QosProfile};
@@ -54,15 +59,36 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_millis(300);
 /// Name the node runs under (the parameters file may key on it or `/**`).
 pub const NODE_NAME: &str = "selectinfer_node";
 
-/// Runs the node until SIGINT/SIGTERM; start-up errors give exit code 2.
+/// Exit code of a node that cannot start with its configuration (an unknown
+/// or invalid parameter, a model or ranking that is not there, a model that
+/// does not load): sysexits' EX_CONFIG. `launch/node.launch.py` does not
+/// restart it, as restarting cannot help.
+pub const EXIT_CONFIG: u8 = 78;
+
+/// Marks an error as the configuration's (exit code [`EXIT_CONFIG`]).
+#[derive(Debug)]
+struct BadConfiguration;
+
+impl std::fmt::Display for BadConfiguration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cannot start with this configuration")
+    }
+}
+
+/// Runs the node until SIGINT/SIGTERM; start-up errors give exit code
+/// [`EXIT_CONFIG`] (configuration) or 2 (anything else).
 pub fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            log::error!("{NODE_NAME}: {e:#}");
-            ExitCode::from(2)
-        }
+    let Err(e) = run() else {
+        return ExitCode::SUCCESS;
+    };
+    if rosout::installed() {
+        log::error!("{e:#}");
+    } else {
+        eprintln!("{NODE_NAME}: {e:#}");
+    }
+    match e.downcast_ref::<BadConfiguration>() {
+        Some(_) => ExitCode::from(EXIT_CONFIG),
+        None => ExitCode::from(2),
     }
 }
 
@@ -70,7 +96,12 @@ pub fn main() -> ExitCode {
 fn run() -> Result<()> {
     let ctx = r2r::Context::create().context("creating the ROS context")?;
     let mut node = r2r::Node::create(ctx, NODE_NAME, "").context("creating the ROS node")?;
-    let (params, server) = load(&node)?;
+    rosout::install(node.logger())?;
+    let clock = NodeClock::of(&node);
+    let deep = |n| QosProfile::default().keep_last(n);
+    let transition_events = node.create_publisher("~/transition_event", deep(10))?;
+    let (params, server) =
+        load(&node, transition_events, clock.clone()).context(BadConfiguration)?;
     let handle = Arc::new(Mutex::new(ParamHandle {
         params: params.clone(),
         server: server.clone(),
@@ -80,11 +111,26 @@ fn run() -> Result<()> {
     // spinning thread right after each spin (LocalPool), never elsewhere.
     let mut pool = LocalPool::new();
     let spawner = pool.spawner();
-    let (param_server, mut param_events) = node.make_derived_parameter_handler(handle.clone())?;
+    // use_sim_time is read by r2r when the handler is made (the clock then
+    // follows /clock); listed as rclcpp nodes list it.
+    node.params
+        .lock()
+        .unwrap()
+        .entry("use_sim_time".into())
+        .or_insert_with(|| r2r::Parameter::new(r2r::ParameterValue::Bool(false)));
+    let (param_server, mut param_changes) = node.make_derived_parameter_handler(handle.clone())?;
     spawner.spawn_local(param_server)?;
-    spawner.spawn_local(async move { while param_events.next().await.is_some() {} })?;
+    let param_events = ParameterEvents::new(&mut node, clock.clone())?;
+    {
+        let all = node.params.lock().unwrap();
+        param_events.announce(all.iter().map(|(n, p)| (n, &p.value)));
+    }
+    spawner.spawn_local(async move {
+        while let Some((name, value)) = param_changes.next().await {
+            param_events.changed(&name, &value);
+        }
+    })?;
 
-    let deep = |n| QosProfile::default().keep_last(n);
     let out = Outputs {
         tokens: Arc::new(Mutex::new(node.create_publisher("~/tokens", deep(1000))?)),
         responses: Arc::new(Mutex::new(node.create_publisher("~/response", deep(100))?)),
@@ -92,6 +138,7 @@ fn run() -> Result<()> {
             pacer::Pacer::new(Duration::from_secs_f64(params.reply_pace_ms / 1000.0))
                 .context("starting the reply pacer")?,
         ),
+        clock: clock.clone(),
     };
     let services = node.create_service::<Generate::Service>(
         "~/generate",
@@ -104,10 +151,14 @@ fn run() -> Result<()> {
     let prompts = node.subscribe::<si::Prompt>("~/prompt", deep(1000))?;
     let instructions =
         node.subscribe::<std_msgs::msg::String>(&params.instruction_topic, deep(1000))?;
-    let diag_pub = node.create_publisher::<diagnostic_msgs::msg::DiagnosticArray>(
-        "/diagnostics",
-        QosProfile::default(),
-    )?;
+    let diag = diagnostics::Diagnostics {
+        publisher: node.create_publisher::<diagnostic_msgs::msg::DiagnosticArray>(
+            "/diagnostics",
+            QosProfile::default(),
+        )?,
+        node_name: node.fully_qualified_name()?,
+        clock,
+    };
     let diag_timer =
         node.create_wall_timer(Duration::from_secs_f64(params.diagnostics_period_s))?;
     let lifecycle_services = {
@@ -120,7 +171,6 @@ fn run() -> Result<()> {
             graph: node.create_service("~/get_transition_graph", q())?,
         }
     };
-    let transition_events = node.create_publisher("~/transition_event", deep(10))?;
     let watch = Arc::new(Mutex::new(GoalWatch::default()));
     let (s, o) = (&server, &out);
     spawner.spawn_local(service::serve(services, s.clone(), o.clone()))?;
@@ -132,18 +182,15 @@ fn run() -> Result<()> {
     ))?;
     let goal_task = action::serve(goals, s.clone(), o.clone(), watch.clone(), spawner.clone());
     spawner.spawn_local(goal_task)?;
-    spawner.spawn_local(lifecycle::serve(
-        lifecycle_services,
-        s.clone(),
-        transition_events,
-    ))?;
-    spawner.spawn_local(diagnostics::publish_on(
-        diag_timer,
-        diag_pub,
-        s.clone(),
-        handle,
-    ))?;
+    spawner.spawn_local(lifecycle::serve(lifecycle_services, s.clone()))?;
+    spawner.spawn_local(diagnostics::publish_on(diag_timer, diag, s.clone(), handle))?;
 
+    log::debug!(
+        "interfaces under {}: ~/generate, ~/generate_stream, ~/prompt, ~/response, ~/tokens, \
+         ~/transition_event, /diagnostics, /parameter_events; logger {}",
+        node.fully_qualified_name()?,
+        node.logger()
+    );
     // Signal handlers before the ready line: whoever reads it may stop us.
     let stop = stop_on_signals()?;
     log::info!(
@@ -167,8 +214,12 @@ fn run() -> Result<()> {
 }
 
 /// The node's parameters, and the managed server: loaded and active
-/// unless `autostart` is off.
-fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Managed>)> {
+/// unless `autostart` is off; its transitions go out on `transitions`.
+fn load(
+    node: &r2r::Node,
+    transitions: r2r::Publisher<r2r::lifecycle_msgs::msg::TransitionEvent>,
+    clock: NodeClock,
+) -> Result<(NodeParams, Arc<Managed>)> {
     let params = {
         let overrides = node.params.lock().unwrap();
         NodeParams::from_overrides(overrides.iter()).context("invalid parameters")?
@@ -177,6 +228,7 @@ fn load(node: &r2r::Node) -> Result<(NodeParams, Arc<Managed>)> {
         crate::sys::threads::set(params.threads).context("parameter threads")?;
     }
     let managed = Arc::new(Managed::new(params.clone()));
+    managed.publish_transitions_on(transitions, clock);
     if !params.autostart {
         log::info!("autostart is off: unconfigured until ~/change_state configures it");
         return Ok((params, managed));

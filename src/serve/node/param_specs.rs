@@ -37,6 +37,9 @@ pub struct Spec {
     pub values: Values,
 }
 
+/// The smallest share a ratio or top_p takes (they are refused at 0: ROS
+/// ranges are closed, so the open bound is written as this closed one).
+const SHARE_MIN: f64 = 0.001;
 /// Prompt and context lengths are bounded by the model long before this.
 const TOKENS_MAX: i64 = 1 << 20;
 /// Above a few, sampling is noise; the range keeps a typo (`70`) out.
@@ -89,7 +92,7 @@ pub const PARAMETERS: &[Spec] = &[
         "load_ratio",
         "gamma: FFN neurons loaded per sparse layer (load-time)",
         false,
-        Values::Float(0.0, 1.0),
+        Values::Float(SHARE_MIN, 1.0),
     ),
     spec(
         "static_ratio",
@@ -99,15 +102,15 @@ pub const PARAMETERS: &[Spec] = &[
     ),
     spec(
         "compute_ratio",
-        "phi = delta + epsilon: neurons computed per prompt (runtime)",
+        "phi = delta + epsilon: neurons computed per prompt, at most load_ratio (runtime in selectinfer, coreinfer and random-load; read-only in the modes that compute every loaded neuron)",
         true,
-        Values::Float(0.0, 1.0),
+        Values::Float(SHARE_MIN, 1.0),
     ),
     spec(
         "token_ratio",
-        "alpha: per-token active fraction at prefill (runtime)",
+        "alpha: per-token active fraction at prefill (runtime in selectinfer, coreinfer and random-load; read-only in the modes that compute every loaded neuron)",
         true,
-        Values::Float(0.0, 1.0),
+        Values::Float(SHARE_MIN, 1.0),
     ),
     spec(
         "score",
@@ -137,7 +140,7 @@ pub const PARAMETERS: &[Spec] = &[
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
         false,
-        Values::Float(0.0, 1.0),
+        Values::Float(SHARE_MIN, 1.0),
     ),
     spec(
         "layer_drop",
@@ -203,7 +206,7 @@ pub const PARAMETERS: &[Spec] = &[
         "top_p",
         "default nucleus mass (runtime)",
         true,
-        Values::Float(0.0, 1.0),
+        Values::Float(SHARE_MIN, 1.0),
     ),
     spec(
         "seed",
@@ -274,26 +277,10 @@ pub(super) fn spec_of(name: &str) -> Option<&'static Spec> {
 
 impl Spec {
     /// Refuses a value outside [`Spec::values`], naming the parameter and
-    /// the range. Type errors are left to the parameter's own parser.
+    /// the range: [`within`] of the parameter's descriptor, the one rule
+    /// both follow. Type errors are left to the parameter's own parser.
     pub(super) fn check(&self, v: &ParameterValue) -> Result<()> {
-        let name = self.name;
-        match (self.values, v) {
-            (Values::Float(lo, hi), ParameterValue::Double(x)) if !(lo..=hi).contains(x) => {
-                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
-            }
-            (Values::Float(lo, hi), ParameterValue::Integer(x))
-                if !(lo..=hi).contains(&(*x as f64)) =>
-            {
-                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
-            }
-            (Values::Int(lo, i64::MAX), ParameterValue::Integer(x)) if *x < lo => {
-                bail!("parameter {name} must be >= {lo}, got {x}")
-            }
-            (Values::Int(lo, hi), ParameterValue::Integer(x)) if !(lo..=hi).contains(x) => {
-                bail!("parameter {name} must be in [{lo}, {hi}], got {x}")
-            }
-            _ => Ok(()),
-        }
+        within(&self.descriptor(), v)
     }
 
     /// The descriptor `~/describe_parameters` returns: read-only for the
@@ -325,4 +312,36 @@ impl Spec {
         }
         d
     }
+}
+
+/// Refuses a value outside the descriptor's range, naming the parameter
+/// and the range as `ros2 param describe` shows it.
+pub(super) fn within(d: &ParameterDescriptor, v: &ParameterValue) -> Result<()> {
+    let name = &d.name;
+    if let Some(r) = d.floating_point_range.first() {
+        let x = match v {
+            ParameterValue::Double(x) => *x,
+            ParameterValue::Integer(x) => *x as f64,
+            _ => return Ok(()),
+        };
+        if !(r.from_value..=r.to_value).contains(&x) {
+            bail!(
+                "parameter {name} must be in [{}, {}], got {x}",
+                r.from_value,
+                r.to_value
+            );
+        }
+    }
+    if let (Some(r), ParameterValue::Integer(x)) = (d.integer_range.first(), v) {
+        if !(r.from_value..=r.to_value).contains(x) {
+            match r.to_value {
+                i64::MAX => bail!("parameter {name} must be >= {}, got {x}", r.from_value),
+                hi => bail!(
+                    "parameter {name} must be in [{}, {hi}], got {x}",
+                    r.from_value
+                ),
+            }
+        }
+    }
+    Ok(())
 }

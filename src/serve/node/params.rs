@@ -3,7 +3,7 @@
 //! ones (φ, α, sampling, max tokens) go to the server for the next request.
 
 use super::lifecycle::Managed;
-use super::param_specs::{spec_of, Spec, PARAMETERS};
+use super::param_specs::{spec_of, within, Spec, PARAMETERS};
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
 use crate::method::params::resolve_layers;
@@ -239,6 +239,9 @@ impl NodeParams {
                     ParameterValue::DoubleArray(a) => a.clone(),
                     ParameterValue::IntegerArray(a) => a.iter().map(|&x| x as f64).collect(),
                     ParameterValue::String(s) => comma_list(name, s, "numbers")?,
+                    // rcl reads `[]` in a parameters file (as `ros2 param
+                    // dump` writes an empty list) as no value.
+                    ParameterValue::NotSet => Vec::new(),
                     other => bail!("parameter layer_drop must be a list of numbers, got {other:?}"),
                 }
             }
@@ -256,6 +259,7 @@ impl NodeParams {
                     ParameterValue::IntegerArray(a) => a.clone(),
                     ParameterValue::Integer(x) => vec![*x],
                     ParameterValue::String(s) => comma_list(name, s, "integers")?,
+                    ParameterValue::NotSet => Vec::new(),
                     other => {
                         bail!("parameter dense_layers must be a list of integers, got {other:?}")
                     }
@@ -400,6 +404,53 @@ impl NodeParams {
     }
 }
 
+impl NodeParams {
+    /// Why `spec` cannot change at runtime on this node, if it cannot: a
+    /// load-time parameter, or φ and α in a mode that computes every
+    /// loaded neuron.
+    pub(super) fn read_only(&self, spec: &Spec) -> Option<String> {
+        let mode = self.engine.mode;
+        match spec.name {
+            _ if !spec.runtime => Some(
+                "read at start-up only; change it in the parameters file and restart the node"
+                    .into(),
+            ),
+            "compute_ratio" | "token_ratio" if !mode.selects() => Some(format!(
+                "mode {} computes every loaded neuron (compute_ratio and token_ratio apply to selectinfer, coreinfer and random-load)",
+                mode.name()
+            )),
+            _ => None,
+        }
+    }
+
+    /// `spec`'s descriptor on this node, which runtime sets are checked
+    /// against: read-only as [`NodeParams::read_only`] says (the reason
+    /// appended to the description), compute_ratio at most load_ratio.
+    pub(super) fn descriptor(&self, spec: &Spec) -> ParameterDescriptor {
+        let mut d = spec.descriptor();
+        if let Some(why) = self.read_only(spec) {
+            d.read_only = true;
+            if spec.runtime {
+                d.description = format!("{}; read-only here: {why}", d.description);
+            }
+        }
+        if spec.name == "compute_ratio" {
+            let p = &self.engine.params;
+            set_float_range(&mut d, p.static_ratio, p.load_ratio);
+        }
+        d
+    }
+}
+
+/// A float descriptor's range as `[lo, hi]`, `lo` no lower than the
+/// spec's own bound (φ > 0 even where δ is 0).
+fn set_float_range(d: &mut ParameterDescriptor, lo: f64, hi: f64) {
+    if let Some(r) = d.floating_point_range.first_mut() {
+        r.from_value = r.from_value.max(lo);
+        r.to_value = hi;
+    }
+}
+
 /// The parameter handler r2r drives: serves get/set/list/describe and
 /// applies runtime changes to the server, refusing invalid or load-time
 /// changes with a reason.
@@ -421,7 +472,7 @@ fn comma_list<T: std::str::FromStr>(name: &str, s: &str, what: &str) -> Result<V
 }
 
 fn refuse(name: &str, msg: impl std::fmt::Display) -> r2r::Error {
-    r2r::Error::ParameterValueConv {
+    r2r::Error::ParameterRefused {
         name: name.to_string(),
         msg: msg.to_string(),
     }
@@ -444,16 +495,56 @@ impl ParamHandle {
         })
     }
 
+    /// The parameters after setting `name` to `v` at runtime, or why not:
+    /// read-only and out-of-range as [`NodeParams::descriptor`] says, then
+    /// the parameter's own parsing and the server's cross-checks.
+    /// `spec`'s descriptor on this node, which runtime sets are checked
+    /// against: [`NodeParams::descriptor`], narrowed once the model is
+    /// loaded to what the server takes ([`Managed::bounds`]): φ within
+    /// `[δ, γ]` as loaded (a memory budget may have chosen γ),
+    /// `max_new_tokens` below the context, `task` one of those planned.
+    pub(super) fn descriptor(&self, spec: &Spec) -> ParameterDescriptor {
+        let mut d = self.params.descriptor(spec);
+        let Some(b) = self.server.bounds() else {
+            return d;
+        };
+        match spec.name {
+            "compute_ratio" => {
+                if let Some((lo, hi)) = b.compute_ratio {
+                    set_float_range(&mut d, lo, hi);
+                }
+            }
+            "max_new_tokens" => {
+                if let Some(r) = d.integer_range.first_mut() {
+                    r.to_value = r.to_value.min(b.max_context as i64 - 1);
+                }
+            }
+            "task" => d.additional_constraints = format!("one of: {}", b.tasks.join(", ")),
+            _ => {}
+        }
+        d
+    }
+
     fn try_set(&self, name: &str, v: &ParameterValue) -> Result<NodeParams> {
+        if name == "use_sim_time" {
+            bail!("use_sim_time is read at start-up only (-p use_sim_time:=true, or launch's use_sim_time:=true)");
+        }
         let Some(spec) = spec_of(name) else {
             bail!("unknown parameter `{name}`");
         };
-        if !spec.runtime {
+        if let Some(why) = self.params.read_only(spec) {
             if self.params.get(name).as_ref() == Some(v) {
                 return Ok(self.params.clone());
             }
-            bail!("{name} is read at start-up only; change it in the parameters file and restart the node");
+            bail!("{name} is read-only: {why}");
         }
+        within(&self.descriptor(spec), v).with_context(|| match name {
+            "compute_ratio" => {
+                "compute_ratio lies between static_ratio and load_ratio as loaded".into()
+            }
+            "max_new_tokens" => "max_new_tokens is below the context the node serves".into(),
+            _ => format!("the range of {name}"),
+        })?;
         let mut next = self.params.clone();
         next.set(name, v)?;
         Ok(next)
@@ -462,7 +553,7 @@ impl ParamHandle {
 
 impl RosParams for ParamHandle {
     fn describe_parameter(&self, name: &str) -> Option<ParameterDescriptor> {
-        spec_of(name).map(Spec::descriptor)
+        spec_of(name).map(|spec| self.descriptor(spec))
     }
 
     fn register_parameters(

@@ -25,7 +25,7 @@ pub(super) async fn serve(
             on_token: out.token_sink(&id),
             on_done: Box::new(move |reply: Reply| {
                 out2.finish_tokens(&reply);
-                let (response, id) = (service_response(&reply), reply.request_id);
+                let (response, id) = (service_response(&reply, &out2.clock), reply.request_id);
                 out2.pacer.send(move || {
                     if let Err(e) = req.respond(response) {
                         log::error!("answering service request {id}: {e}");

@@ -128,6 +128,11 @@ pub enum Error {
     #[error("Parameter {name} conversion failed: {msg}")]
     ParameterValueConv { name: String, msg: String },
 
+    /// selectinfer patch (Fix 7): a value the node refuses, its reason as
+    /// the whole message (ParameterValueConv prefixes "conversion failed").
+    #[error("{msg}")]
+    ParameterRefused { name: String, msg: String },
+
     #[error(
         "Parameter {name} was expected to be of type {expected_type} but was of type {actual_type}"
     )]

@@ -203,6 +203,17 @@ impl Node {
         };
 
         if res == RCL_RET_OK as i32 {
+            // selectinfer patch (Fix 8): since Iron, rcl_node_init no longer
+            // makes the node's /rosout publisher; client libraries do (rclcpp's
+            // NodeBase, rclpy's Node), under the logging lock.
+            let mut node_handle = node_handle;
+            if unsafe { rcl_logging_rosout_enabled() } {
+                let _guard = crate::utils::log_guard();
+                let ret = unsafe { rcl_logging_rosout_init_publisher_for_node(node_handle.as_mut()) };
+                if ret != RCL_RET_OK as i32 {
+                    log::warn!("could not create the node's /rosout publisher ({ret})");
+                }
+            }
             let ros_clock = Arc::new(Mutex::new(Clock::create(ClockType::RosTime)?));
             #[cfg(r2r__rosgraph_msgs__msg__Clock)]
             let time_source = {
@@ -1717,10 +1728,24 @@ impl Drop for Node {
 
             p.destroy(self.node_handle.as_mut());
         }
+        // selectinfer patch (Fix 8): the /rosout publisher made in `create`.
+        if unsafe { rcl_logging_rosout_enabled() } {
+            let _guard = crate::utils::log_guard();
+            unsafe {
+                rcl_logging_rosout_fini_publisher_for_node(self.node_handle.as_mut());
+            }
+        }
         unsafe {
             rcl_node_fini(self.node_handle.as_mut());
         }
     }
+}
+
+// selectinfer patch (Fix 8): rcl/logging_rosout.h, which r2r_rcl's bindings
+// leave out (librcl, already linked, has them).
+extern "C" {
+    fn rcl_logging_rosout_init_publisher_for_node(node: *mut rcl_node_t) -> rcl_ret_t;
+    fn rcl_logging_rosout_fini_publisher_for_node(node: *mut rcl_node_t) -> rcl_ret_t;
 }
 
 pub trait IsAvailablePollable {

@@ -211,7 +211,8 @@ impl ParameterValue {
         }
     }
 
-    pub(crate) fn into_parameter_value_msg(self) -> rcl_interfaces::msg::ParameterValue {
+    /// selectinfer patch (Fix 7): public, for `/parameter_events`.
+    pub fn into_parameter_value_msg(self) -> rcl_interfaces::msg::ParameterValue {
         let mut ret = rcl_interfaces::msg::ParameterValue::default();
 
         match self {

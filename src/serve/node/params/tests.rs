@@ -36,7 +36,7 @@ fn defaults_lie_in_the_declared_ranges_and_outside_is_refused() {
         .set("load_ratio", &ParameterValue::Integer(2))
         .unwrap_err();
     assert!(
-        e.to_string().contains("load_ratio must be in [0, 1]"),
+        e.to_string().contains("load_ratio must be in [0.001, 1]"),
         "{e}"
     );
     let e = p
@@ -238,4 +238,120 @@ fn the_selective_overlay_is_valid_for_its_model() {
         .collect();
     let mean = sparse.iter().sum::<f64>() / sparse.len() as f64;
     assert!((mean - 1.0).abs() < 1e-2, "mean weight {mean}");
+}
+
+/// A value of `v`'s type other than `v`, for read-only checks.
+fn other_value(v: &ParameterValue) -> ParameterValue {
+    match v {
+        ParameterValue::Bool(b) => ParameterValue::Bool(!b),
+        ParameterValue::Integer(x) => ParameterValue::Integer(x + 1),
+        ParameterValue::Double(x) => ParameterValue::Double(x / 2.0 + 0.01),
+        ParameterValue::String(s) => ParameterValue::String(format!("{s}-other")),
+        ParameterValue::IntegerArray(a) => {
+            ParameterValue::IntegerArray([a.clone(), vec![1]].concat())
+        }
+        ParameterValue::DoubleArray(a) => {
+            ParameterValue::DoubleArray([a.clone(), vec![1.0]].concat())
+        }
+        other => panic!("no other value for {other:?}"),
+    }
+}
+
+/// What `ros2 param describe` says is what `ros2 param set` accepts, for
+/// every parameter, on a loaded node in a mode that selects neurons and in
+/// one that computes every loaded neuron: a read-only parameter refuses any
+/// other value (and takes its own); a range's ends are taken, and values
+/// just beyond them refused naming the parameter; `task` takes each task
+/// it lists and nothing else.
+#[test]
+fn every_descriptor_says_what_a_runtime_set_accepts() {
+    let folder = format!(
+        "{}/models/smollm2-135m-instruct",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for mode in ["selectinfer", "load-only"] {
+        let given: Vec<(String, ParameterValue)> = [
+            ("model", ParameterValue::String(folder.clone())),
+            ("dtype", ParameterValue::String("q4".into())),
+            ("mode", ParameterValue::String(mode.into())),
+            ("load_ratio", ParameterValue::Double(0.7)),
+            ("static_ratio", ParameterValue::Double(0.2)),
+            ("compute_ratio", ParameterValue::Double(0.4)),
+            ("token_ratio", ParameterValue::Double(0.5)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut h = ParamHandle::from_overrides(&given).unwrap_or_else(|e| panic!("{e:#}"));
+        h.server.transition(1).unwrap_or_else(|e| panic!("{e:#}")); // configure
+        for spec in PARAMETERS {
+            let name = spec.name;
+            let d = h.describe_parameter(name).unwrap();
+            let current = h.get_parameter(name).unwrap();
+            let ctx = format!("{mode}: {name}");
+            if d.read_only {
+                let e = h.set_parameter(name, &other_value(&current)).unwrap_err();
+                assert!(e.to_string().contains("read-only"), "{ctx}: {e}");
+                h.set_parameter(name, &current)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                continue;
+            }
+            for r in &d.floating_point_range {
+                for ok in [r.from_value, r.to_value] {
+                    h.set_parameter(name, &ParameterValue::Double(ok))
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "{ctx} = {ok} (described [{}, {}]): {e}",
+                                r.from_value, r.to_value
+                            )
+                        });
+                }
+                for bad in [r.from_value - 1e-6, r.to_value + 1e-6] {
+                    let e = h
+                        .set_parameter(name, &ParameterValue::Double(bad))
+                        .unwrap_err();
+                    assert!(e.to_string().contains(name), "{ctx} = {bad}: {e}");
+                }
+            }
+            for r in &d.integer_range {
+                for ok in [r.from_value, r.to_value] {
+                    h.set_parameter(name, &ParameterValue::Integer(ok))
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "{ctx} = {ok} (described [{}, {}]): {e}",
+                                r.from_value, r.to_value
+                            )
+                        });
+                }
+                let beyond = [r.from_value.checked_sub(1), r.to_value.checked_add(1)];
+                for bad in beyond.into_iter().flatten() {
+                    let e = h
+                        .set_parameter(name, &ParameterValue::Integer(bad))
+                        .unwrap_err();
+                    assert!(e.to_string().contains(name), "{ctx} = {bad}: {e}");
+                }
+            }
+            if let Some(list) = d.additional_constraints.strip_prefix("one of: ") {
+                for ok in list.split(", ") {
+                    h.set_parameter(name, &ParameterValue::String(ok.into()))
+                        .unwrap_or_else(|e| panic!("{ctx} = {ok}: {e}"));
+                }
+                assert!(
+                    h.set_parameter(name, &ParameterValue::String("cooking".into()))
+                        .is_err(),
+                    "{ctx}"
+                );
+            }
+            h.set_parameter(name, &current)
+                .unwrap_or_else(|e| panic!("{ctx} back: {e}"));
+        }
+        // The ones the mode decides.
+        let phi = h.describe_parameter("compute_ratio").unwrap();
+        match mode {
+            "load-only" => assert!(phi.read_only && phi.description.contains("mode load-only")),
+            _ => assert!(!phi.read_only && phi.floating_point_range[0].to_value == 0.7),
+        }
+        let task = h.describe_parameter("task").unwrap();
+        assert!(task.additional_constraints.contains("qa"), "{task:?}");
+    }
 }
