@@ -3,6 +3,7 @@
     ros2 launch selectinfer node.launch.py [model:=qwen2.5-coder-0.5b-instruct]
         [namespace:=/robot1] [autostart:=true] [log_level:=info]
         [use_sim_time:=false] [params_file:=/path/to/node.yaml]
+        [runtime_params_file:=/path/kept.yaml]
         [respawn:=true] [respawn_delay:=1.0] [respawn_max_retries:=5]
 
 The default parameters file is the installed share/selectinfer/config/node.yaml.
@@ -24,8 +25,10 @@ the error in its log and on /rosout.
 A node that dies (crash, kill -9, out of memory) is started again after
 `respawn_delay` seconds while `respawn` is true (the default), at most
 `respawn_max_retries` times (default 5; -1: always), and configured and
-activated again: callers whose requests were in flight get no reply
-(their timeout fires); everything sent after the node is back is served.
+activated again, with the parameters set at runtime before it died (kept in
+`runtime_params_file`, by default one file per launch in the temporary
+folder): callers whose requests were in flight get no reply (their timeout
+fires); everything sent after the node is back is served.
 A node that cannot start because of its configuration (an unknown or
 invalid parameter, a model or ranking path that does not exist) exits with
 code 78 and is not restarted: launch ends with one message, after the
@@ -38,10 +41,13 @@ had queued, then exits 0.
 node is built in an OpaqueFunction that converts them when the launch runs.
 """
 
+import os
+import tempfile
+
 import lifecycle_msgs.msg
 from launch import LaunchDescription
 from launch.actions import (DeclareLaunchArgument, EmitEvent, LogInfo, OpaqueFunction,
-                            RegisterEventHandler)
+                            RegisterEventHandler, TimerAction)
 from launch.event_handlers import OnProcessExit, OnProcessStart
 from launch.events import Shutdown
 from launch.events.matchers import matches_action
@@ -54,17 +60,34 @@ from launch_ros.substitutions import FindPackageShare
 # The node's exit code for a configuration it cannot start with
 # (sysexits' EX_CONFIG; src/serve/node/mod.rs).
 EXIT_CONFIG = 78
+# Seconds from a respawned node's start to its configure request: its
+# services discovered (milliseconds on one machine), its dead predecessor's
+# still listed (launch_ros would call that one).
+RESPAWN_DISCOVERY_S = 2.0
 
 
 def _truthy(context, name):
     return LaunchConfiguration(name).perform(context).strip().lower() in ("true", "1", "yes")
 
 
+def _runtime_params_file(context):
+    """The file the node keeps runtime parameter changes in: the argument,
+    else one for this launch (its pid), so a respawn keeps them and the next
+    launch starts from the parameters files."""
+    given = LaunchConfiguration("runtime_params_file").perform(context)
+    if given:
+        return given
+    ns = LaunchConfiguration("namespace").perform(context).strip("/").replace("/", ".") or "root"
+    return os.path.join(tempfile.gettempdir(), f"selectinfer-{os.getuid()}",
+                        f"{ns}.selectinfer_node.{os.getpid()}.yaml")
+
+
 def _node(context):
     respawn_delay = float(LaunchConfiguration("respawn_delay").perform(context))
     max_retries = int(LaunchConfiguration("respawn_max_retries").perform(context))
     # Launch drives the lifecycle: the node's own autostart stays off.
-    overrides = {"autostart": False, "use_sim_time": _truthy(context, "use_sim_time")}
+    overrides = {"autostart": False, "use_sim_time": _truthy(context, "use_sim_time"),
+                 "runtime_params_file": _runtime_params_file(context)}
     model = LaunchConfiguration("model").perform(context)
     if model:
         overrides["model"] = model
@@ -93,13 +116,24 @@ def _node(context):
                     EmitEvent(event=Shutdown(reason="selectinfer_node: configuration error"))]
         return None
 
+    starts = []
+
+    def on_start(_event, _context):
+        # Configure on every start, respawns included. After a respawn the
+        # dead process's change_state service is still on the graph until
+        # its DDS lease ends, so launch_ros would call it at once and wait
+        # forever for an answer: wait until the new process has been
+        # discovered instead.
+        starts.append(1)
+        configure = change(lifecycle_msgs.msg.Transition.TRANSITION_CONFIGURE)
+        if len(starts) == 1:
+            return [configure]
+        return [TimerAction(period=RESPAWN_DISCOVERY_S, actions=[configure])]
+
     actions = [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=on_exit))]
     if _truthy(context, "autostart"):
         actions += [
-            # On every start, respawns included.
-            RegisterEventHandler(OnProcessStart(
-                target_action=node,
-                on_start=[change(lifecycle_msgs.msg.Transition.TRANSITION_CONFIGURE)])),
+            RegisterEventHandler(OnProcessStart(target_action=node, on_start=on_start)),
             RegisterEventHandler(OnStateTransition(
                 target_lifecycle_node=node, start_state="configuring", goal_state="inactive",
                 entities=[change(lifecycle_msgs.msg.Transition.TRANSITION_ACTIVATE)])),
@@ -129,6 +163,10 @@ def generate_launch_description():
         DeclareLaunchArgument(
             "use_sim_time", default_value="false",
             description="stamp replies and diagnostics with /clock (true|false)"),
+        DeclareLaunchArgument(
+            "runtime_params_file", default_value="",
+            description="file runtime parameter changes are kept in across respawns "
+                        "('' = one per launch in the temporary folder)"),
         DeclareLaunchArgument(
             "respawn", default_value="true",
             description="start the node again when it dies (true|false)"),

@@ -135,6 +135,10 @@ pub const PREFIX_CACHE: bool = true;
 /// Node only: configure and activate (load the model, serve) at start-up.
 pub const AUTOSTART: bool = true;
 
+/// Node only: the file runtime parameter changes are kept in and read back
+/// from at start-up (a respawned node keeps them); empty = not kept.
+pub const RUNTIME_PARAMS_FILE: &str = "";
+
 /// Compute threads; 0 = one per core (or `RAYON_NUM_THREADS`).
 pub const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.

@@ -144,3 +144,42 @@ def test_a_node_that_cannot_start_exits_with_ex_config_naming_the_path(tmp_path)
     assert code == 78, text
     assert f"{tmp_path}/models/nowhere" in text and "[ERROR]" in text, text
     assert text.count("[ERROR]") == 1, text
+
+
+def test_a_respawned_node_keeps_what_was_set_at_runtime(tmp_path, client):
+    """kill -9, then the same command (as launch's respawn runs it): the
+    runtime change is back, read from runtime_params_file; a load-time key
+    put in that file by hand is refused naming the file."""
+    kept = tmp_path / "kept" / "robot8.yaml"
+    fqn = "/robot8/selectinfer_node"
+    args = ["-r", "__ns:=/robot8", "-p", f"model:={MODEL}", "-p", "dtype:=q4",
+            "-p", f"runtime_params_file:={kept}"]
+    log = tmp_path / "first.log"
+    proc = start(log, tmp_path, *args)
+    try:
+        wait_ready(proc, log)
+        assert set_param(client, "temperature", 0.25, ns=fqn).successful
+        assert set_param(client, "max_new_tokens", 7, ns=fqn).successful
+        assert kept.exists(), log.read_text()[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
+    log = tmp_path / "respawned.log"
+    proc = start(log, tmp_path, *args)
+    try:
+        wait_ready(proc, log)
+        get = client.create_client(GetParameters, f"{fqn}/get_parameters")
+        values = call(client, get, GetParameters.Request(names=["temperature", "max_new_tokens"])).values
+        assert [parameter_value_to_python(v) for v in values] == [0.25, 7], log.read_text()[-2000:]
+        assert f"runtime parameters kept in {kept}" in log.read_text()
+    finally:
+        assert stop_node(proc) == 0
+    kept.write_text(kept.read_text() + "    mode: dense\n")
+    log = tmp_path / "bad.log"
+    proc = start(log, tmp_path, *args)
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        stop_node(proc)
+    text = log.read_text()
+    assert code == 78 and str(kept) in text and "`mode` is not a runtime parameter" in text, text

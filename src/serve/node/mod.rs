@@ -28,6 +28,7 @@ mod param_events;
 mod param_specs;
 mod params;
 mod rosout;
+mod runtime_file;
 mod service;
 mod topics;
 

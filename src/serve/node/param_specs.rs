@@ -233,6 +233,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Any,
     ),
     spec(
+        "runtime_params_file",
+        "file the runtime parameters are written to on every accepted set, and read back at start-up over the other parameters, so a respawned node keeps what was set; empty = not kept; node.launch.py gives each launch its own (load-time)",
+        false,
+        Values::Any,
+    ),
+    spec(
         "threads",
         "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
         false,

@@ -4,6 +4,7 @@
 
 use super::lifecycle::Managed;
 use super::param_specs::{spec_of, within, Spec, PARAMETERS};
+use super::runtime_file;
 use crate::engine::defaults;
 use crate::engine::spec::EngineSpec;
 use crate::method::params::resolve_layers;
@@ -18,7 +19,7 @@ use crate::store::preset::Preset;
 use anyhow::{bail, Context, Result};
 use r2r::rcl_interfaces::msg::ParameterDescriptor;
 use r2r::{Parameter, ParameterValue, RosParams};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// All node parameters, typed.
@@ -43,6 +44,8 @@ pub struct NodeParams {
     pub threads: usize,
     /// Configure and activate at start-up.
     pub autostart: bool,
+    /// Where runtime changes are kept ("" = nowhere); see [`runtime_file`].
+    pub runtime_params_file: String,
 }
 
 impl Default for NodeParams {
@@ -71,6 +74,7 @@ impl Default for NodeParams {
             goal_result_timeout_s: defaults::GOAL_RESULT_TIMEOUT_S,
             threads: defaults::THREADS,
             autostart: defaults::AUTOSTART,
+            runtime_params_file: defaults::RUNTIME_PARAMS_FILE.into(),
         }
     }
 }
@@ -172,11 +176,55 @@ impl NodeParams {
         for (name, param) in overrides {
             p.set(name, &param.value)?;
         }
+        p.read_runtime_file()?;
         p.resolve_model()?;
         p.resolve_dense_layers()?;
         p.engine.params.compute_ratio = p.runtime.compute_ratio;
         p.engine.params.token_ratio = p.runtime.token_ratio;
         Ok(p)
+    }
+
+    /// Lays the values kept in `runtime_params_file` (if it exists) over
+    /// the rest: what was set at runtime before a respawn. A key there
+    /// that is not a runtime parameter is an error naming the file.
+    fn read_runtime_file(&mut self) -> Result<()> {
+        if self.runtime_params_file.is_empty() {
+            return Ok(());
+        }
+        let path = PathBuf::from(&self.runtime_params_file);
+        let Some(kept) = runtime_file::read(&path)? else {
+            return Ok(());
+        };
+        let context = || format!("the runtime parameters file {}", path.display());
+        for (name, v) in &kept {
+            if !spec_of(name).is_some_and(|s| s.runtime) {
+                bail!("{}: `{name}` is not a runtime parameter", context());
+            }
+            yaml_value(v)
+                .and_then(|v| self.set(name, &v))
+                .with_context(context)?;
+        }
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        log::info!(
+            "runtime parameters kept in {}: {}",
+            path.display(),
+            names.join(", ")
+        );
+        Ok(())
+    }
+
+    /// Writes every runtime parameter's value to `runtime_params_file`
+    /// (when set).
+    fn write_runtime_file(&self) -> Result<()> {
+        if self.runtime_params_file.is_empty() {
+            return Ok(());
+        }
+        let values: Vec<(&str, ParameterValue)> = PARAMETERS
+            .iter()
+            .filter(|s| s.runtime)
+            .filter_map(|s| Some((s.name, self.get(s.name)?)))
+            .collect();
+        runtime_file::write(Path::new(&self.runtime_params_file), &values)
     }
 
     /// Resolves `model` to a folder (preparing a catalog model missing from
@@ -288,6 +336,7 @@ impl NodeParams {
             "prefix_cache" => self.runtime.prefix_cache = boolean(name, v)?,
             "threads" => self.threads = non_negative(name, v)?.unwrap_or(0) as usize,
             "autostart" => self.autostart = boolean(name, v)?,
+            "runtime_params_file" => self.runtime_params_file = string(name, v)?,
             "queue_depth" => self.queue_depth = positive_usize(name, v)?,
             "reply_pace_ms" => self.reply_pace_ms = float(name, v)?,
             "instruction_topic" => self.instruction_topic = string(name, v)?,
@@ -350,6 +399,7 @@ impl NodeParams {
             "prefix_cache" => ParameterValue::Bool(r.prefix_cache),
             "threads" => ParameterValue::Integer(self.threads as i64),
             "autostart" => ParameterValue::Bool(self.autostart),
+            "runtime_params_file" => ParameterValue::String(self.runtime_params_file.clone()),
             "queue_depth" => ParameterValue::Integer(self.queue_depth as i64),
             "reply_pace_ms" => ParameterValue::Double(self.reply_pace_ms),
             "instruction_topic" => ParameterValue::String(self.instruction_topic.clone()),
@@ -585,6 +635,9 @@ impl RosParams for ParamHandle {
             .map_err(|e| refuse(name, format!("{e:#}")))?;
         log::info!("parameter {name} set to {v:?} (applies to the next request)");
         self.params = next;
+        if let Err(e) = self.params.write_runtime_file() {
+            log::warn!("{e:#}");
+        }
         Ok(())
     }
 
