@@ -239,8 +239,8 @@ def test_describe_parameters_gives_ranges_and_read_only(node_proc, client):
     assert sorted(d) == sorted(names), d
     phi = d["compute_ratio"]
     assert phi.type == ParameterType.PARAMETER_DOUBLE and not phi.read_only
-    # phi is at most load_ratio (0.7 here); 0 is refused, so the range starts above it.
-    assert [(r.from_value, r.to_value) for r in phi.floating_point_range] == [(0.001, 0.7)]
+    # phi lies between static_ratio and load_ratio as loaded (0.2 and 0.7 here).
+    assert [(r.from_value, r.to_value) for r in phi.floating_point_range] == [(0.2, 0.7)]
     assert "phi" in phi.description
     tokens = d["max_new_tokens"]
     assert not tokens.read_only and tokens.integer_range[0].from_value == 1
