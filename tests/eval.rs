@@ -196,3 +196,133 @@ fn gguf_engine_and_prompt_export_feed_the_same_scoring() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("takes no --mode"));
 }
+
+/// Tool-call rows (BFCL): one row of each category, calls held to the
+/// offered functions while generated, so none is invalid; each category
+/// and `overall` scored as a fraction; every call in the outputs names an
+/// offered function with an arguments object. An unconstrained answer
+/// written in the file (as another engine's) is read leniently on request.
+#[test]
+fn tool_call_rows_are_scored_per_category_with_no_invalid_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<String> = std::fs::read_to_string(data("tools_bfcl.dev.jsonl"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mut picked = Vec::new();
+    for cat in [
+        "simple_python",
+        "multiple",
+        "parallel",
+        "parallel_multiple",
+        "irrelevance",
+    ] {
+        let row = rows
+            .iter()
+            .find(|l| l.contains(&format!("\"category\": \"{cat}\"")))
+            .unwrap_or_else(|| panic!("no {cat} row"));
+        picked.push(row.clone());
+    }
+    let file = dir.path().join("tools.jsonl");
+    std::fs::write(&file, picked.join("\n")).unwrap();
+    let out = dir.path().join("tools.out.jsonl");
+    let args = [
+        "--data",
+        file.to_str().unwrap(),
+        "--max-new-tokens",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let r = report(&eval(&args));
+    assert_eq!(r["task"], "tools");
+    assert_eq!(r["examples"], 5);
+    assert_eq!(r["metrics"]["invalid_calls"], 0.0, "{r}");
+    for m in [
+        "overall",
+        "simple_python",
+        "multiple",
+        "parallel",
+        "parallel_multiple",
+        "irrelevance",
+    ] {
+        let v = r["metrics"][m]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {m}: {r}"));
+        assert!((0.0..=1.0).contains(&v), "{m} = {v}");
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    for line in text.lines() {
+        let o: serde_json::Value = serde_json::from_str(line).unwrap();
+        let row: serde_json::Value = serde_json::from_str(
+            picked
+                .iter()
+                .find(|l| l.contains(&format!("\"id\": {}", o["id"])))
+                .unwrap(),
+        )
+        .unwrap();
+        let names: Vec<&str> = row["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        let calls: Vec<serde_json::Value> =
+            serde_json::from_str(o["prediction"].as_str().unwrap()).unwrap();
+        for c in &calls {
+            assert!(
+                names.contains(&c["name"].as_str().unwrap()),
+                "{c} not offered: {names:?}"
+            );
+            let args: serde_json::Value =
+                serde_json::from_str(c["arguments"].as_str().unwrap()).unwrap();
+            assert!(args.is_object(), "{c}");
+        }
+    }
+    // Another engine's unconstrained answer, read leniently: a call line
+    // inside prose counts; strictly it is text.
+    // The right call (the reference's first accepted values), in prose.
+    let first: serde_json::Value = serde_json::from_str(&picked[0]).unwrap();
+    let (name, accepted) = first["references"][0]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    let args: serde_json::Map<String, serde_json::Value> = accepted
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_array()?.iter().find(|x| *x != "")?.clone())))
+        .collect();
+    let call = serde_json::json!({"name": name, "arguments": args});
+    let foreign = dir.path().join("foreign.out.jsonl");
+    let raw = format!("Sure, call it:\n{call}");
+    let line = serde_json::json!({"id": first["id"], "prediction": "", "raw_text": raw,
+        "references": [], "prompt_tokens": 1, "generated_tokens": 1, "ttft_s": 0.1,
+        "decode_tokens_per_s": 1.0, "compute_ratio": 1.0});
+    std::fs::write(&foreign, format!("{line}\n")).unwrap();
+    let one = dir.path().join("one.jsonl");
+    std::fs::write(&one, &picked[0]).unwrap();
+    let base = [
+        "--data",
+        one.to_str().unwrap(),
+        "--out",
+        foreign.to_str().unwrap(),
+    ];
+    let strict = report(&eval(&base));
+    let lenient = report(&eval(&[&base[..], &["--lenient-calls"]].concat()));
+    let overall = |r: &serde_json::Value| r["metrics"]["overall"].as_f64().unwrap();
+    assert_eq!(
+        (overall(&strict), overall(&lenient)),
+        (0.0, 1.0),
+        "{strict} {lenient}"
+    );
+    let text = std::fs::read_to_string(&foreign).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "the foreign answer was resumed, not generated again"
+    );
+}

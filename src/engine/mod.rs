@@ -14,6 +14,7 @@ pub mod sampling;
 pub mod spec;
 pub mod stops;
 pub mod text;
+pub mod tool_calls;
 pub mod vocab;
 
 pub use decode::{GenerateOptions, Generation, Generator, StopReason};

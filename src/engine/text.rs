@@ -3,6 +3,7 @@
 //! structured output, and incremental detokenization for streaming.
 
 use super::grammar::Grammars;
+use super::tool_calls::{self, Tool};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -88,6 +89,10 @@ pub struct TextCodec {
     stop_ids: Vec<u32>,
     dir: PathBuf,
     grammars: Arc<OnceLock<Result<Arc<Grammars>, String>>>,
+    /// Special tokens that stay in decoded text: the tool-call markers
+    /// (Qwen2.5's `<tool_call>` and `</tool_call>` are special tokens, and
+    /// the calls are read back from the text).
+    kept_specials: Vec<(u32, String)>,
 }
 
 /// Tokens that end an assistant turn in ChatML-style models.
@@ -128,13 +133,36 @@ impl TextCodec {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let added = tokenizer.get_added_tokens_decoder();
+        let kept_specials = [tool_calls::CALL_OPEN, tool_calls::CALL_CLOSE]
+            .iter()
+            .filter_map(|m| {
+                let id = tokenizer.token_to_id(m)?;
+                added
+                    .get(&id)
+                    .is_some_and(|t| t.special)
+                    .then(|| (id, m.to_string()))
+            })
+            .collect();
         Ok(Self {
             tokenizer: Arc::new(tokenizer),
             chat_template: cfg.chat_template,
             stop_ids,
             dir: dir.to_path_buf(),
             grammars: Arc::default(),
+            kept_specials,
         })
+    }
+
+    /// How a tool call's opening and closing markers are written in a
+    /// grammar: the special tokens by id where the vocabulary has them
+    /// (what the model was trained to emit), else the literal text.
+    pub fn tool_call_markers(&self) -> (String, String) {
+        let item = |m: &str| match self.kept_specials.iter().find(|(_, t)| t == m) {
+            Some((id, _)) => format!("<[{id}]>"),
+            None => format!("{m:?}"),
+        };
+        (item(tool_calls::CALL_OPEN), item(tool_calls::CALL_CLOSE))
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -156,10 +184,29 @@ impl TextCodec {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The text of `ids`, special tokens left out but for the tool-call
+    /// markers.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer
-            .decode(ids, true)
-            .map_err(|e| anyhow::anyhow!("detokenizing: {e}"))
+        let plain = |ids: &[u32]| {
+            self.tokenizer
+                .decode(ids, true)
+                .map_err(|e| anyhow::anyhow!("detokenizing: {e}"))
+        };
+        let kept = |id: &u32| self.kept_specials.iter().find(|(k, _)| k == id);
+        if !ids.iter().any(|id| kept(id).is_some()) {
+            return plain(ids);
+        }
+        let mut text = String::new();
+        for piece in ids.split_inclusive(|id| kept(id).is_some()) {
+            match piece.split_last() {
+                Some((last, head)) if kept(last).is_some() => {
+                    text.push_str(&plain(head)?);
+                    text.push_str(&kept(last).expect("kept").1);
+                }
+                _ => text.push_str(&plain(piece)?),
+            }
+        }
+        Ok(text)
     }
 
     /// Where turns start in `ids` (the tokens of `turns` rendered): for
@@ -170,7 +217,9 @@ impl TextCodec {
     pub fn turn_starts(&self, turns: &[Message], ids: &[u32]) -> Vec<usize> {
         let mut starts: Vec<usize> = (0..turns.len())
             .filter_map(|k| {
-                let head = self.encode(&self.render(&turns[..k], false).ok()?).ok()?;
+                let head = self
+                    .encode(&self.render(&turns[..k], &[], false).ok()?)
+                    .ok()?;
                 (!head.is_empty() && head.len() < ids.len() && ids.starts_with(&head))
                     .then_some(head.len())
             })
@@ -185,10 +234,39 @@ impl TextCodec {
     /// Renders a conversation with the model's chat template (falling back to
     /// plain ChatML), ending with the assistant's turn opened.
     pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
-        self.render(messages, true)
+        self.render(messages, &[], true)
     }
 
-    fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    /// Renders a conversation that offers `tools`: through the template's
+    /// own tools block where it has one (Qwen2.5's), else as Qwen2.5's
+    /// tools text in the system turn ([`tool_calls::tools_system_text`]).
+    pub fn render_chat_with_tools(&self, messages: &[Message], tools: &[Tool]) -> Result<String> {
+        let own_block = self
+            .chat_template
+            .as_deref()
+            .is_some_and(|t| t.contains("tools"));
+        if tools.is_empty() || own_block {
+            return self.render(messages, tools, true);
+        }
+        let mut turns = messages.to_vec();
+        match turns.first_mut() {
+            Some(m) if m.role == "system" => {
+                m.content = tool_calls::tools_system_text(&m.content, tools)
+            }
+            _ => turns.insert(
+                0,
+                Message::new("system", &tool_calls::tools_system_text("", tools)),
+            ),
+        }
+        self.render(&turns, &[], true)
+    }
+
+    fn render(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let Some(template) = &self.chat_template else {
             let mut s = String::new();
             for m in messages {
@@ -212,13 +290,28 @@ impl TextCodec {
                 ))
             },
         );
+        // Python's json.dumps, as the Hugging Face templates' `tojson`
+        // writes (minijinja's own escapes `<`, `>`, `&` and `'` for HTML).
+        env.add_filter(
+            "tojson",
+            |v: minijinja::Value| -> Result<minijinja::Value, minijinja::Error> {
+                let v = serde_json::to_value(&v).map_err(|e| {
+                    minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
+                })?;
+                Ok(minijinja::Value::from_safe_string(tool_calls::python_json(
+                    &v,
+                )))
+            },
+        );
         env.add_template("chat", template)
             .context("parsing the model's chat template")?;
+        let tools: Vec<serde_json::Value> = tools.iter().map(Tool::template_value).collect();
         let rendered = env
             .get_template("chat")
             .and_then(|t| {
                 t.render(minijinja::context! {
                     messages => messages,
+                    tools => (!tools.is_empty()).then_some(tools),
                     add_generation_prompt => add_generation_prompt,
                 })
             })
@@ -318,6 +411,44 @@ impl<'a> TextStream<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Qwen2.5's template shows the tools as it was trained on them (its
+    /// `<tools>` block, each tool as Python's json.dumps writes it, keys in
+    /// OpenAI's order); SmolLM2's has no tools block, so the same text goes
+    /// into the system turn; the call markers are Qwen's special tokens,
+    /// kept in decoded text.
+    #[test]
+    fn tools_are_rendered_as_the_model_was_trained_and_markers_survive_decoding() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        let tools = tool_calls::parse_tools(
+            r#"[{"name": "math.hypot", "description": "x < y & z", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}]"#,
+        )
+        .unwrap();
+        let turns = [Message::new("user", "hypot of 4")];
+        let qwen = TextCodec::from_model_dir(&root.join("qwen2.5-coder-0.5b-instruct")).unwrap();
+        let text = qwen.render_chat_with_tools(&turns, &tools).unwrap();
+        let want = r#"<tools>
+{"type": "function", "function": {"name": "math.hypot", "description": "x < y & z", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": false}}}
+</tools>"#;
+        assert!(text.contains(want), "{text}");
+        assert!(
+            text.ends_with("<|im_start|>user\nhypot of 4<|im_end|>\n<|im_start|>assistant\n"),
+            "{text}"
+        );
+        let (open, close) = qwen.tool_call_markers();
+        assert!(
+            open.starts_with("<[") && close.starts_with("<["),
+            "{open} {close}"
+        );
+        let ids = qwen
+            .encode("<tool_call>\n{}\n</tool_call><|im_end|>")
+            .unwrap();
+        assert_eq!(qwen.decode(&ids).unwrap(), "<tool_call>\n{}\n</tool_call>");
+        let smol = TextCodec::from_model_dir(&root.join("smollm2-135m-instruct")).unwrap();
+        let text = smol.render_chat_with_tools(&turns, &tools).unwrap();
+        assert!(text.contains(want) && text.contains("# Tools"), "{text}");
+        assert_eq!(smol.tool_call_markers().0, "\"<tool_call>\"");
+    }
 
     fn roles(turns: &[Message]) -> Vec<&str> {
         turns.iter().map(|m| m.role.as_str()).collect()

@@ -1,13 +1,17 @@
 //! Task evaluation: runs a task's JSONL (`../shared/data/*.jsonl`) through
 //! an engine (any mode) with the task's prompt template and scores the
 //! outputs — translation BLEU/chrF, summarization ROUGE-1/2/L F1, QA exact
-//! match/F1 — with mean TTFT, decode speed and peak RSS.
+//! match/F1, tool calls BFCL's AST check per category (rows with
+//! `messages` and `functions`; calls held to the functions' schemas while
+//! generated) — with mean TTFT, decode speed and peak RSS.
 //!
 //! Every example's output is appended to a JSONL file as soon as it is
 //! generated, so a run can be inspected while it goes and resumed after an
 //! interruption (examples already in the file are not generated again).
 
+use crate::engine::tool_calls::{self, Tool, ToolChoice};
 use crate::engine::{GenerateOptions, Generation, Generator};
+use crate::tools::bfcl;
 use crate::tools::data::{self, Example};
 use crate::tools::metrics;
 use anyhow::{bail, Context, Result};
@@ -36,10 +40,13 @@ pub struct EvalOptions {
     pub generate: GenerateOptions,
     /// Per-example outputs (JSONL), appended and resumed.
     pub outputs: PathBuf,
+    /// Tool-call rows: calls read anywhere in the text
+    /// ([`tool_calls::read_calls`]'s `lenient`).
+    pub lenient_calls: bool,
 }
 
 /// One example's result, as stored in the outputs file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExampleOutput {
     pub id: String,
     pub prediction: String,
@@ -50,6 +57,98 @@ pub struct ExampleOutput {
     pub ttft_s: f64,
     pub decode_tokens_per_s: f64,
     pub compute_ratio: f64,
+    /// Tool-call rows: the BFCL category, whether the calls read from
+    /// `raw_text` pass its AST check, and the call blocks that did not
+    /// parse or named no offered function (judged again on every run, so
+    /// outputs written by another engine are judged the same way).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub category: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    #[serde(default)]
+    pub invalid_calls: usize,
+}
+
+/// What an example asks the model: a user prompt from the task's
+/// template, or (task `tools`) a conversation offering functions.
+enum Prompt {
+    User(String),
+    Tools {
+        turns: Vec<crate::engine::text::Message>,
+        tools: Vec<Tool>,
+    },
+}
+
+impl Prompt {
+    fn ids(&self, codec: &crate::engine::text::TextCodec) -> Result<Vec<u32>> {
+        match self {
+            Prompt::User(p) => codec.chat_prompt_ids(p),
+            Prompt::Tools { turns, tools } => {
+                codec.encode(&codec.render_chat_with_tools(turns, tools)?)
+            }
+        }
+    }
+
+    /// The generation options of this prompt: a tools prompt's calls are
+    /// held to the offered functions' schemas (`tool_choice` auto,
+    /// parallel calls allowed).
+    fn options(
+        &self,
+        base: &GenerateOptions,
+        codec: &crate::engine::text::TextCodec,
+    ) -> Result<GenerateOptions> {
+        let mut o = base.clone();
+        if let Prompt::Tools { tools, .. } = self {
+            let (open, close) = codec.tool_call_markers();
+            o.grammar = tool_calls::grammar(tools, &ToolChoice::Auto, true, (&open, &close))?;
+        }
+        Ok(o)
+    }
+}
+
+/// A tools row's prompt: its `messages` and `functions`.
+fn tools_prompt(ex: &Example) -> Result<Prompt> {
+    let turns = serde_json::from_value(ex.fields.get("messages").cloned().unwrap_or_default())
+        .context("`messages` must be a list of {role, content}")?;
+    let functions = ex.fields.get("functions").context("no `functions`")?;
+    let tools = tool_calls::parse_tools(&functions.to_string())?;
+    Ok(Prompt::Tools { turns, tools })
+}
+
+/// Judges a tools row's output by BFCL's AST check.
+fn judge_tools(ex: &Example, tools: &[Tool], lenient: bool, out: &mut ExampleOutput) {
+    let calls = tool_calls::read_calls(&out.raw_text, tools, lenient);
+    let parsed: Vec<(String, serde_json::Value)> = calls
+        .calls
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                serde_json::from_str(&c.arguments).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let empty = Vec::new();
+    let arr = |k: &str| {
+        ex.fields
+            .get(k)
+            .and_then(|v| v.as_array())
+            .unwrap_or(&empty)
+    };
+    out.category = ex
+        .fields
+        .get("category")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
+    out.passed = Some(bfcl::check(
+        &out.category,
+        arr("functions"),
+        arr("references"),
+        &parsed,
+    ));
+    out.invalid_calls = calls.invalid;
+    out.prediction = serde_json::to_string(&calls.calls).unwrap_or_default();
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -157,16 +256,27 @@ pub fn score(task: &str, outputs: &[ExampleOutput]) -> Result<BTreeMap<String, f
             m.insert("exact_match".to_string(), em);
             m.insert("f1".to_string(), f1);
         }
-        other => bail!("no metrics for task '{other}' (translation, summarization, qa)"),
+        "tools" => return Ok(tools_metrics(outputs)),
+        other => bail!("no metrics for task '{other}' (translation, summarization, qa, tools)"),
     }
     Ok(m)
 }
 
 /// The examples of `opts.data`, their task and their rendered prompts
 /// (every prompt rendered first: a bad template fails before any generation).
-fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<String>)> {
+fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<Prompt>)> {
     let examples = data::load_jsonl(&opts.data, opts.limit)?;
     let task = task_of(&examples, &opts.data)?;
+    if task == "tools" {
+        let prompts = examples
+            .iter()
+            .map(|e| {
+                tools_prompt(e)
+                    .with_context(|| format!("{}: example {}", opts.data.display(), e.id))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok((examples, task, prompts));
+    }
     let template = match &opts.template {
         Some(t) => t.clone(),
         None => default_template(&task)
@@ -177,7 +287,7 @@ fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<String>)> 
     };
     let prompts = examples
         .iter()
-        .map(|e| data::render_template(&template, e))
+        .map(|e| data::render_template(&template, e).map(Prompt::User))
         .collect::<Result<Vec<_>>>()?;
     Ok((examples, task, prompts))
 }
@@ -203,8 +313,8 @@ pub fn prompts(
     let (examples, task, prompts) = load_task(opts)?;
     let mut out = Vec::new();
     for (ex, prompt) in examples.iter().zip(&prompts) {
-        let ids = codec
-            .chat_prompt_ids(prompt)
+        let ids = prompt
+            .ids(codec)
             .with_context(|| format!("example {}", ex.id))?;
         if ids.len() + opts.generate.max_new_tokens <= max_context {
             out.push(PromptRecord {
@@ -252,9 +362,8 @@ pub fn run(engine: &mut dyn Generator, opts: &EvalOptions) -> Result<EvalReport>
     let mut results = Vec::with_capacity(examples.len());
     let mut skipped = Vec::new();
     for (ex, prompt) in examples.iter().zip(&prompts) {
-        let ids = engine
-            .codec()
-            .chat_prompt_ids(prompt)
+        let ids = prompt
+            .ids(engine.codec())
             .with_context(|| format!("example {}", ex.id))?;
         let tokens = ids.len();
         if tokens + opts.generate.max_new_tokens > engine.max_context() {
@@ -268,18 +377,25 @@ pub fn run(engine: &mut dyn Generator, opts: &EvalOptions) -> Result<EvalReport>
             bar.inc(1);
             continue;
         }
-        let out = match done.remove(&ex.id) {
+        let mut out = match done.remove(&ex.id) {
             Some(previous) => previous,
             None => {
                 let g = engine
-                    .generate(&ids, &opts.generate)
+                    .generate(&ids, &prompt.options(&opts.generate, engine.codec())?)
                     .with_context(|| format!("example {}", ex.id))?;
-                let out = example_output(ex, &g);
+                let mut out = example_output(ex, &g);
+                if let Prompt::Tools { tools, .. } = prompt {
+                    judge_tools(ex, tools, opts.lenient_calls, &mut out);
+                }
                 writeln!(file, "{}", serde_json::to_string(&out)?)?;
                 file.flush()?;
                 out
             }
         };
+        // Judged again: the file may hold another engine's answers.
+        if let Prompt::Tools { tools, .. } = prompt {
+            judge_tools(ex, tools, opts.lenient_calls, &mut out);
+        }
         results.push(out);
         bar.inc(1);
     }
@@ -317,6 +433,7 @@ fn example_output(ex: &Example, g: &Generation) -> ExampleOutput {
         ttft_s: g.ttft_s,
         decode_tokens_per_s: g.decode_tokens_per_s,
         compute_ratio: g.compute_ratio,
+        ..Default::default()
     }
 }
 
@@ -336,9 +453,30 @@ fn task_of(examples: &[Example], path: &Path) -> Result<String> {
             Some(prev) if prev != t => bail!("{}: mixes tasks '{prev}' and '{t}'", path.display()),
             _ => {}
         }
-        if e.references.is_empty() {
+        // A tools row's references are calls (objects), `[]` for none.
+        if e.references.is_empty() && t != "tools" {
             bail!("{}: example {} has no references", path.display(), e.id);
         }
     }
     task.with_context(|| format!("{} has no examples", path.display()))
+}
+
+/// The tools task's metrics, as fractions (0–1): each category's share of
+/// rows that pass BFCL's AST check, `overall` their unweighted mean (as
+/// BFCL averages its categories), and `invalid_calls` (a count).
+fn tools_metrics(outputs: &[ExampleOutput]) -> BTreeMap<String, f64> {
+    let mut by: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for o in outputs {
+        let e = by.entry(o.category.clone()).or_default();
+        e.0 += f64::from(u8::from(o.passed == Some(true)));
+        e.1 += 1.0;
+    }
+    let mut m: BTreeMap<String, f64> = by.iter().map(|(c, (p, n))| (c.clone(), p / n)).collect();
+    let overall = m.values().sum::<f64>() / m.len().max(1) as f64;
+    m.insert("overall".into(), overall);
+    m.insert(
+        "invalid_calls".into(),
+        outputs.iter().map(|o| o.invalid_calls as f64).sum(),
+    );
+    m
 }

@@ -377,6 +377,7 @@ pub fn run_with_progress(
             limit: Some(opts.skip + opts.limit),
             generate: generate.clone(),
             outputs: PathBuf::new(),
+            lenient_calls: false,
         };
         let records: Vec<_> =
             eval::prompts(&reference.codec, reference.model.max_context(), &eval_opts)?

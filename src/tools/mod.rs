@@ -9,6 +9,7 @@
 //! instrument's retention/speed-up plot ([`plot`]).
 
 pub mod bench;
+pub mod bfcl;
 pub mod data;
 pub mod eval;
 pub mod fidelity;

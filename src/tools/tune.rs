@@ -356,6 +356,7 @@ fn score_outputs(
                 ..Default::default()
             },
             outputs: opts.state_dir.join(format!("{slug}.{stem}.jsonl")),
+            lenient_calls: false,
         };
         progress(&format!("score: {name} on {stem}, {} rows", opts.rows));
         eval::run(&mut engine, &eo)?;

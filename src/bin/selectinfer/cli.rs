@@ -98,6 +98,11 @@ pub enum Command {
         /// Only write the chat-formatted prompts' token ids (JSONL) to --out.
         #[arg(long)]
         prompts_only: bool,
+        /// Tool-call rows: read calls anywhere in the text (another
+        /// engine's unconstrained outputs in --out), not only in the forms
+        /// our grammar writes.
+        #[arg(long)]
+        lenient_calls: bool,
         #[arg(long)]
         json: bool,
     },

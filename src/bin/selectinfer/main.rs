@@ -97,6 +97,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             out,
             engine: kind,
             prompts_only,
+            lenient_calls,
             json,
         } => {
             if kind == BenchEngine::CandleGguf && !model.plain() {
@@ -115,6 +116,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
                     ..Default::default()
                 },
                 outputs: out.clone(),
+                lenient_calls,
             };
             if prompts_only {
                 let n = eval::write_prompts(engine.as_ref(), &opts, &out)?;
