@@ -380,6 +380,13 @@ pub fn grammar(
     } else {
         ("call", "marked")
     };
+    // Several calls in one fence, as a JSON list (how small models write
+    // "do A and B").
+    let fenced_list = if parallel {
+        " | \"```json\\n[\" call_json (\", \" call_json)* \"]\\n```\""
+    } else {
+        ""
+    };
     let start = match choice {
         ToolChoice::Auto => "calls | TEXT | TEXT marked_calls",
         _ => "calls",
@@ -389,7 +396,7 @@ pub fn grammar(
          calls: {calls}\n\
          marked_calls: {marked_calls}\n\
          call: marked | call_json\n\
-         marked: {open} \"\\n\" call_json \"\\n\" {close} | \"```json\\n\" call_json \"\\n```\"\n\
+         marked: {open} \"\\n\" call_json \"\\n\" {close} | \"```json\\n\" call_json \"\\n```\"{fenced_list}\n\
          call_json: %json {call_schema}\n\
          SEP: /\\n+/\n\
          TEXT: /[^<`{{\\[\\s][^<`]*/\n"
@@ -438,7 +445,15 @@ pub fn read_calls(text: &str, tools: &[Tool], lenient: bool) -> Calls {
             None => (after, ""),
         };
         if open == CALL_OPEN || lenient || looks_like_call(body) {
-            push(&mut out, body);
+            match serde_json::from_str::<Value>(body.trim()) {
+                // A list of calls in one fence.
+                Ok(Value::Array(items)) if open != CALL_OPEN => {
+                    for item in items {
+                        push(&mut out, &item.to_string());
+                    }
+                }
+                _ => push(&mut out, body),
+            }
         } else {
             content.push_str(&rest[i..rest.len() - tail.len()]);
         }
@@ -458,9 +473,14 @@ pub fn read_calls(text: &str, tools: &[Tool], lenient: bool) -> Calls {
     out
 }
 
-/// Whether a fenced block is meant as a call (an object with a `name`).
+/// Whether a fenced block is meant as a call (an object with a `name`, or
+/// a list of them).
 fn looks_like_call(body: &str) -> bool {
-    serde_json::from_str::<Value>(body.trim()).is_ok_and(|v| v.get("name").is_some())
+    match serde_json::from_str::<Value>(body.trim()) {
+        Ok(Value::Array(items)) => items.iter().any(|v| v.get("name").is_some()),
+        Ok(v) => v.get("name").is_some(),
+        Err(_) => false,
+    }
 }
 
 fn call_of(body: &str, tools: &[Tool]) -> Option<(String, String)> {
@@ -540,6 +560,9 @@ mod tests {
         assert_eq!(c.calls[0].name, "math.hypot");
         assert_eq!(c.calls[0].arguments, r#"{"x":4,"y":5}"#);
         assert_eq!(c.invalid, 2);
+        let list = "```json\n[{\"name\": \"math.hypot\", \"arguments\": {\"x\": 1, \"y\": 2}}, {\"name\": \"math.hypot\", \"arguments\": {\"x\": 3, \"y\": 4}}]\n```";
+        let c = read_calls(list, &tools, false);
+        assert_eq!((c.calls.len(), c.invalid, c.content.as_str()), (2, 0, ""));
     }
 
     const M: (&str, &str) = ("<[151657]>", "<[151658]>");
