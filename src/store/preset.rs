@@ -49,33 +49,15 @@ impl Preset {
 
     /// Reads a preset file; a key outside [`KEYS`] is an error naming it.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the preset {}", path.display()))?;
-        let yaml: Value = serde_yaml::from_str(&text)
-            .with_context(|| format!("parsing the preset {}", path.display()))?;
-        let params = yaml
-            .get("/**")
-            .and_then(|n| n.get("ros__parameters"))
-            .and_then(Value::as_mapping)
-            .with_context(|| {
-                format!(
-                    "the preset {} has no `/**: ros__parameters:` mapping",
-                    path.display()
-                )
-            })?;
-        let mut values = Vec::new();
-        for (k, v) in params {
-            let key = k.as_str().with_context(|| {
-                format!("the preset {} has a key that is not text", path.display())
-            })?;
-            if !KEYS.contains(&key) {
+        let values = ros_parameters(path, "preset")?;
+        for (key, _) in &values {
+            if !KEYS.contains(&key.as_str()) {
                 bail!(
                     "the preset {} sets `{key}`, which is not a model knob (a preset may set: {})",
                     path.display(),
                     KEYS.join(", ")
                 );
             }
-            values.push((key.to_string(), v.clone()));
         }
         Ok(Self {
             path: path.to_path_buf(),
@@ -153,6 +135,35 @@ pub fn write(path: &Path, header: &[String], values: &[(String, Value)]) -> Resu
     std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Preset::load(path).map(|_| ())
+}
+
+/// The `(key, value)` pairs of a ROS parameters file's `/**:
+/// ros__parameters:` mapping, in file order; `what` names the file in
+/// errors ("preset", "runtime parameters file").
+pub fn ros_parameters(path: &Path, what: &str) -> Result<Vec<(String, Value)>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the {what} {}", path.display()))?;
+    let yaml: Value = serde_yaml::from_str(&text)
+        .with_context(|| format!("parsing the {what} {}", path.display()))?;
+    let params = yaml
+        .get("/**")
+        .and_then(|n| n.get("ros__parameters"))
+        .and_then(Value::as_mapping)
+        .with_context(|| {
+            format!(
+                "the {what} {} has no `/**: ros__parameters:` mapping",
+                path.display()
+            )
+        })?;
+    params
+        .iter()
+        .map(|(k, v)| {
+            let key = k.as_str().with_context(|| {
+                format!("the {what} {} has a key that is not text", path.display())
+            })?;
+            Ok((key.to_string(), v.clone()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

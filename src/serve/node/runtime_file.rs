@@ -3,6 +3,7 @@
 //! rewritten, atomically, on every accepted set and read back at start-up,
 //! so a node respawned by launch keeps what `ros2 param set` changed.
 
+use crate::store::preset::ros_parameters;
 use anyhow::{Context, Result};
 use r2r::ParameterValue;
 use serde_yaml::{Mapping, Value};
@@ -11,39 +12,10 @@ use std::path::Path;
 /// The kept `(name, value)` pairs; `None` when the file does not exist
 /// (a first start).
 pub(super) fn read(path: &Path) -> Result<Option<Vec<(String, Value)>>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("reading the runtime parameters file {}", path.display()))
-        }
-    };
-    let yaml: Value = serde_yaml::from_str(&text)
-        .with_context(|| format!("parsing the runtime parameters file {}", path.display()))?;
-    let params = yaml
-        .get("/**")
-        .and_then(|n| n.get("ros__parameters"))
-        .and_then(Value::as_mapping)
-        .with_context(|| {
-            format!(
-                "the runtime parameters file {} has no `/**: ros__parameters:` mapping",
-                path.display()
-            )
-        })?;
-    params
-        .iter()
-        .map(|(k, v)| {
-            let k = k.as_str().with_context(|| {
-                format!(
-                    "the runtime parameters file {} has a key that is not text",
-                    path.display()
-                )
-            })?;
-            Ok((k.to_string(), v.clone()))
-        })
-        .collect::<Result<_>>()
-        .map(Some)
+    if !path.exists() {
+        return Ok(None);
+    }
+    ros_parameters(path, "runtime parameters file").map(Some)
 }
 
 /// Writes `values` (scalars: the runtime parameters are) as a parameters
