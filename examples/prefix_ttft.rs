@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
             engine.prefix_cache = cache;
             for q in QUESTIONS {
                 let turns = conversation(&system, &[], q)?;
-                let g = engine.generate_turns(&turns, &opts, |_| true)?;
+                let g = engine.generate_turns(&turns, &[], &opts, |_| true)?;
                 prompt_tokens = g.prompt_tokens;
                 match cache {
                     false => without.push(g.ttft_s),

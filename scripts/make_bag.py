@@ -33,6 +33,8 @@ def prompts(count, max_doc_chars, seed):
     cfg = yaml.safe_load((ROOT / "config" / "profile.yaml").read_text())
     tasks = []
     for d in cfg["datasets"]:
+        if not d.get("template"):
+            continue  # tool-call rows (task tools) are conversations, not instructions
         rows = [json.loads(l) for l in (ROOT / d["path"]).read_text().splitlines() if l.strip()]
         random.Random(seed).shuffle(rows)
         tasks.append((d["task"], d["template"], rows))
@@ -60,6 +62,8 @@ def main():
     args = ap.parse_args()
 
     store = get_typestore(Stores.ROS2_JAZZY)
+    call = PROMPT_MSG.with_name("ToolCall.msg")
+    store.register(get_types_from_msg(call.read_text(), "selectinfer_msgs/msg/ToolCall"))
     chat = PROMPT_MSG.with_name("ChatMessage.msg")
     store.register(get_types_from_msg(chat.read_text(), "selectinfer_msgs/msg/ChatMessage"))
     store.register(get_types_from_msg(PROMPT_MSG.read_text(), "selectinfer_msgs/msg/Prompt"))
@@ -81,7 +85,8 @@ def main():
             if args.type == "prompt":
                 msg = Prompt(request_id=f"bag-{i:04d}", prompt=text, task=task,
                              max_new_tokens=args.max_new_tokens, temperature=-1.0, top_p=-1.0, seed=-1,
-                             messages=[], stop=[], json_schema="", grammar="")
+                             messages=[], stop=[], json_schema="", grammar="",
+                             tools="", tool_choice="", parallel_tool_calls=True)
             else:
                 msg = String(data=text)
             writer.write(conn, t_ns, store.serialize_cdr(msg, msg.__msgtype__))

@@ -100,5 +100,6 @@ if [ "$(cat "$OVERLAY/.selectinfer-stamp" 2>/dev/null)" != "$mstamp" ]; then
     echo "$mstamp" > "$OVERLAY/.selectinfer-stamp"
     # r2r caches generated bindings keyed on env vars only: force a regen.
     cargo clean -p r2r_msg_gen -p r2r >/dev/null 2>&1 || true
+    cargo clean --release -p r2r_msg_gen -p r2r >/dev/null 2>&1 || true
 fi
 echo "setup_ros: ready (source .ros/env.sh)"

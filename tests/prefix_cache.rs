@@ -35,7 +35,7 @@ fn ask(e: &mut Engine, turns: &[Message]) -> (String, usize, usize) {
         max_new_tokens: 12,
         ..Default::default()
     };
-    let g = e.generate_turns(turns, &opts, |_| true).unwrap();
+    let g = e.generate_turns(turns, &[], &opts, |_| true).unwrap();
     (g.text, g.prompt_tokens, g.cached_prompt_tokens)
 }
 
@@ -50,7 +50,7 @@ fn check(mode: Mode) {
     let (a2, n2, c2) = ask(&mut cached, &q2);
     let starts = cached
         .codec
-        .turn_starts(&q2, &cached.codec.chat_ids(&q2).unwrap());
+        .turn_starts(&q2, &[], &cached.codec.chat_ids(&q2).unwrap());
     let head = *starts.last().unwrap();
     match mode {
         // Up to a checkpoint: where the last turn starts.

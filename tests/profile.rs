@@ -23,6 +23,7 @@ fn config(output: &Path, examples: usize) -> ProfileConfig {
         template: template.into(),
         examples,
         skip: 0,
+        stride: 1,
         topic: None,
     };
     ProfileConfig {
@@ -151,6 +152,37 @@ fn skipped_rows_are_not_profiled_and_the_skip_is_recorded() {
         skipped.task("qa").unwrap().scores,
         first.task("qa").unwrap().scores
     );
+}
+
+/// A `tools` task needs no template: its BFCL rows are rendered as eval
+/// renders them (the functions shown), and `stride` spreads the examples
+/// over the file's categories (rows 0 and 250: simple_python, multiple).
+#[test]
+fn a_tools_task_profiles_bfcl_rows_with_a_stride() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("tools.safetensors"), 2);
+    cfg.datasets = vec![DatasetSpec {
+        task: "tools".into(),
+        path: data("tools_bfcl.dev.jsonl"),
+        template: String::new(),
+        examples: 2,
+        skip: 0,
+        stride: 250,
+        topic: None,
+    }];
+    let r = profile::run(engine(), &cfg.model, &cfg, true)
+        .unwrap()
+        .ranking;
+    let t = &r.meta.tasks[0];
+    assert_eq!((t.name.as_str(), t.stride, t.examples), ("tools", 250, 2));
+    // The functions were in the prompts: far more tokens than the questions.
+    assert!(t.tokens > 2 * 150, "{} tokens", t.tokens);
+    // Any other task still needs its template.
+    cfg.datasets[0].task = "qa".into();
+    assert!(run_err(&cfg).contains("no template"));
+    cfg.datasets[0].task = "tools".into();
+    cfg.datasets[0].stride = 0;
+    assert!(run_err(&cfg).contains("stride 0"));
 }
 
 #[test]

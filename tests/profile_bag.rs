@@ -88,8 +88,11 @@ fn cdr_prompt_padded(
     w.raw(4, &(messages.len() as u32).to_le_bytes());
     for (role, content) in messages {
         w.string(role).string(content);
+        w.raw(4, &0u32.to_le_bytes());
     }
     w.raw(4, &0u32.to_le_bytes()).string("").string("");
+    // tools, tool_choice, parallel_tool_calls (true by default).
+    w.string("").string("").raw(1, &[1]);
     (w.0, w.1)
 }
 
@@ -238,6 +241,7 @@ fn cli_profiles_the_prompts_of_an_mcap_bag() {
         template: "Question: {question}".into(),
         examples: 1,
         skip: 0,
+        stride: 1,
         topic: None,
     };
     let cfg_path = dir.path().join("profile.yaml");
@@ -328,6 +332,7 @@ fn mcap_db3_and_jsonl_give_the_same_ranking() {
         template: "{prompt}".into(),
         examples: 3,
         skip: 0,
+        stride: 1,
         topic: None,
     };
     let out = dir.path().join("unused.safetensors");
@@ -460,15 +465,20 @@ fn the_plain_decoder_reads_what_ros_serializes() {
             ChatMessage {
                 role: "system".into(),
                 content: "You are a robot.".into(),
+                ..Default::default()
             },
             ChatMessage {
                 role: "user".into(),
                 content: p[1].clone(),
+                ..Default::default()
             },
         ],
         stop: vec!["\n\n".into(), "END".into()],
         json_schema: "{}".into(),
         grammar: String::new(),
+        tools: r#"[{"name": "stop", "parameters": {"type": "object"}}]"#.into(),
+        tool_choice: "auto".into(),
+        parallel_tool_calls: false,
     };
     let bytes = msg.to_serialized_bytes().unwrap();
     let d = decode_prompt(PROMPT_TYPE, &bytes).unwrap();
@@ -500,6 +510,7 @@ fn the_plain_decoder_reads_what_ros_serializes() {
         messages: vec![ChatMessage {
             role: "user".into(),
             content: p[2].clone(),
+            ..Default::default()
         }],
         ..Prompt::default()
     };

@@ -60,7 +60,7 @@ fn json_schema_answers_always_parse_and_validate() {
         };
         let mut streamed = String::new();
         let out = e
-            .generate_turns(&turns, &opts, |p| {
+            .generate_turns(&turns, &[], &opts, |p| {
                 streamed.push_str(p);
                 true
             })

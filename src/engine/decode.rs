@@ -3,10 +3,11 @@
 //! token by token until a stop token or string, the token limit or the
 //! caller's cancel; streaming, timing and the generation's statistics.
 
-use super::grammar::Grammar;
+use super::grammar::{Grammar, Grammars};
 use super::sampling::Sampling;
 use super::stops::StopStrings;
 use super::text::{TextCodec, TextStream};
+use super::tool_calls::{self, Offer, ToolChoice};
 use crate::sys::memory;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -82,6 +83,156 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Output constrained to a JSON schema or grammar.
     pub grammar: Option<Grammar>,
+    /// With tools offered: thresholds on whether to call and whether to
+    /// call again (under the grammar; `None` = the arg-max decides).
+    pub call_gate: Option<CallGate>,
+}
+
+/// A small model's two tool-calling decisions, taken by threshold instead
+/// of arg-max: whether its answer starts with a call (the share, among
+/// the tokens the grammar allows at the first token, of those that open a
+/// call: the `<tool_call>` marker, a fence's backtick, `{`, `[` or white
+/// space, which text may not start with), and after a call, whether
+/// another follows (the share of everything but the end of the turn).
+/// Tuned on BFCL's dev rows (`selectinfer eval --task tools --min-call-p P
+/// --min-more-p P`; EXPERIMENTS.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallGate {
+    /// The call-open marker's token where it is a special token (Qwen2.5's).
+    pub open: Option<u32>,
+    /// At the first token, with text allowed: no call below this share
+    /// (0 = never refused).
+    pub min_call_p: f32,
+    /// After the first call, with several allowed: a second at or above
+    /// this share, else the end (above 1 = never forced).
+    pub min_more_p: f32,
+    /// The same after the second and later calls: once a model has made
+    /// two calls its next one is far likelier, even where two were asked.
+    pub min_more_p_later: f32,
+}
+
+impl CallGate {
+    /// The thresholds tuned on BFCL's dev rows (rows 20-39 of each
+    /// category, Qwen2.5-Coder-0.5B q4; EXPERIMENTS.md): overall 0.39
+    /// with the arg-max, 0.58 with these.
+    pub const MIN_CALL_P: f32 = 0.65;
+    pub const MIN_MORE_P: f32 = 5e-5;
+    pub const MIN_MORE_P_LATER: f32 = 1e-2;
+
+    /// The gate of a request offering `offer`, with thresholds `(min_call_p,
+    /// min_more_p, min_more_p_later)`: none when no call is wanted.
+    pub fn for_offer(codec: &TextCodec, offer: &Offer, p: (f32, f32, f32)) -> Option<Self> {
+        let several = |p: f32| if offer.parallel { p } else { 2.0 };
+        offer.calls_wanted().then_some(Self {
+            open: codec.tool_call_marker_ids().map(|(open, _)| open),
+            min_call_p: if offer.choice == ToolChoice::Auto {
+                p.0
+            } else {
+                0.0
+            },
+            min_more_p: several(p.1),
+            min_more_p_later: several(p.2),
+        })
+    }
+
+    /// The thresholds tuned on BFCL's dev rows.
+    pub const TUNED: (f32, f32, f32) = (Self::MIN_CALL_P, Self::MIN_MORE_P, Self::MIN_MORE_P_LATER);
+
+    /// Applies the gate to the grammar-masked `logits` of the next token:
+    /// `text` is the answer so far, `vocab` tells each token's first byte
+    /// and whether it holds a call's opening bytes; `no_calls` is set when
+    /// the first token refused a call, and then no call may open later
+    /// either (the decision is taken once). A gate never leaves no token
+    /// allowed.
+    fn apply(
+        &self,
+        logits: &mut [f32],
+        text: &str,
+        vocab: &Grammars,
+        stop_ids: &[u32],
+        no_calls: &mut bool,
+    ) {
+        let first_byte = vocab.first_bytes();
+        let call_bytes = vocab.call_bytes();
+        // Sets the tokens `drop` picks to -inf, unless that leaves none.
+        let forbid = |logits: &mut [f32], drop: &dyn Fn(usize) -> bool| {
+            let kept = logits
+                .iter()
+                .enumerate()
+                .any(|(i, x)| x.is_finite() && !drop(i));
+            if kept {
+                for (i, x) in logits.iter_mut().enumerate() {
+                    if drop(i) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        };
+        let share = |logits: &[f32], part: &dyn Fn(usize) -> bool| {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (mut all, mut some) = (0f64, 0f64);
+            for (i, &x) in logits.iter().enumerate() {
+                if x.is_finite() {
+                    let e = ((x - max) as f64).exp();
+                    all += e;
+                    if part(i) {
+                        some += e;
+                    }
+                }
+            }
+            if all > 0.0 {
+                (some / all) as f32
+            } else {
+                0.0
+            }
+        };
+        let finite = |i: usize| logits.get(i).is_some_and(|x| x.is_finite());
+        if *no_calls {
+            // After text a call opens with the marker or a fence (text
+            // itself holds no `<` or backtick).
+            let opens = |i: usize| Some(i as u32) == self.open || call_bytes.get(i) == Some(&true);
+            forbid(logits, &opens);
+            return;
+        }
+        if text.is_empty() {
+            let opens = |i: usize| {
+                Some(i as u32) == self.open
+                    || matches!(
+                        first_byte.get(i),
+                        Some(b'<' | b'`' | b'{' | b'[' | b' ' | b'\t' | b'\n' | b'\r')
+                    )
+            };
+            let text_allowed = (0..logits.len()).any(|i| finite(i) && !opens(i));
+            if !text_allowed {
+                return;
+            }
+            let p = share(logits, &opens);
+            log::debug!("call gate: p(call) {p:.3e} at the first token");
+            if p < self.min_call_p {
+                *no_calls = true;
+                forbid(logits, &opens);
+            }
+        } else if text.ends_with(tool_calls::CALL_CLOSE) || text.ends_with("\n```") {
+            let ends = |i: usize| stop_ids.contains(&(i as u32));
+            let more_allowed = (0..logits.len()).any(|i| finite(i) && !ends(i));
+            if !more_allowed || !stop_ids.iter().any(|&s| finite(s as usize)) {
+                return;
+            }
+            let p = 1.0 - share(logits, &ends);
+            // Closing fences: "\n```" not opening the next ("\n```json").
+            let made = text.matches(tool_calls::CALL_CLOSE).count() + text.matches("\n```").count()
+                - text.matches("\n```json").count();
+            log::debug!("call gate: p(another call) {p:.3e} after {made} call(s)");
+            let bar = if made <= 1 {
+                self.min_more_p
+            } else {
+                self.min_more_p_later
+            };
+            if p >= bar {
+                forbid(logits, &ends);
+            }
+        }
+    }
 }
 
 /// Anything `eval` runs prompts through: our engine in any mode, or the
@@ -170,6 +321,13 @@ pub fn decode_loop(
         None => None,
     };
     let stop_ids = codec.stop_ids();
+    // The call gate's view: each token's first byte, the answer so far.
+    let gate_grammars = match (&opts.call_gate, &constraint) {
+        (Some(_), Some(_)) => Some(codec.grammars()?),
+        _ => None,
+    };
+    let mut so_far = String::new();
+    let mut no_calls = false;
     let start = Instant::now();
     let mut logits = steps.prefill(prompt)?;
     let (mut compact_build_s, mut grammar_s) = (0.0, 0.0);
@@ -180,7 +338,11 @@ pub fn decode_loop(
         let next = match &mut constraint {
             Some(c) => {
                 let t = Instant::now();
-                let masked = c.mask(&logits)?;
+                let mut masked = c.mask_values(&logits)?;
+                if let (Some(gate), Some(g)) = (&opts.call_gate, &gate_grammars) {
+                    gate.apply(&mut masked, &so_far, g, stop_ids, &mut no_calls);
+                }
+                let masked = Tensor::from_vec(masked, logits.dims(), logits.device())?;
                 grammar_s += t.elapsed().as_secs_f64();
                 sampler.sample(&masked)?
             }
@@ -199,6 +361,9 @@ pub fn decode_loop(
             grammar_s += t.elapsed().as_secs_f64();
         }
         generated.push(next);
+        if gate_grammars.is_some() {
+            so_far = codec.decode(&generated)?;
+        }
         if let Some(piece) = stream.push(next)? {
             let (shown, hit) = match &mut stops {
                 Some(s) => s.push(&piece),
@@ -252,4 +417,76 @@ pub fn decode_loop(
         grammar_s,
         stop_reason,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// The gate on Qwen2.5's vocabulary: a call below `min_call_p` is
+    /// refused at the first token and for the rest of the answer (neither
+    /// the marker nor a token holding a backtick later); after a call, the
+    /// end of the turn is refused at or above `min_more_p`; and a gate never
+    /// leaves no token allowed.
+    #[test]
+    fn the_call_gate_refuses_and_forces_by_threshold() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen2.5-coder-0.5b-instruct");
+        let codec = TextCodec::from_model_dir(&dir).unwrap();
+        let vocab = codec.grammars().unwrap();
+        let (open, _) = codec.tool_call_marker_ids().unwrap();
+        let stop = codec.stop_ids().to_vec();
+        let id = |s: &str| {
+            let ids = codec.encode(s).unwrap();
+            assert_eq!(ids.len(), 1, "{s:?} is one token");
+            ids[0] as usize
+        };
+        let (word, fence, space_tick) = (id("Hello"), id("```"), id(" `"));
+        let n = vocab.first_bytes().len();
+        let gate = CallGate {
+            open: Some(open),
+            min_call_p: 0.65,
+            min_more_p: 1e-4,
+            min_more_p_later: 1e-2,
+        };
+        // First token: the marker at p = e^0.5 / (e^0.5 + e^0) = 0.62.
+        let mut logits = vec![f32::NEG_INFINITY; n];
+        logits[open as usize] = 0.5;
+        logits[fence] = -30.0;
+        logits[word] = 0.0;
+        let mut no_calls = false;
+        gate.apply(&mut logits, "", &vocab, &stop, &mut no_calls);
+        assert!(no_calls && logits[open as usize] == f32::NEG_INFINITY);
+        assert!(logits[fence].is_infinite() && logits[word] == 0.0);
+        // Later, text may not open a call either: " `" would start a fence.
+        let mut later = vec![f32::NEG_INFINITY; n];
+        later[space_tick] = 2.0;
+        later[word] = 0.0;
+        gate.apply(&mut later, "Hi", &vocab, &stop, &mut no_calls);
+        assert!(later[space_tick].is_infinite() && later[word] == 0.0);
+        // Above the threshold the call stays.
+        let mut logits = vec![f32::NEG_INFINITY; n];
+        logits[open as usize] = 3.0;
+        logits[word] = 0.0;
+        let mut no_calls = false;
+        gate.apply(&mut logits, "", &vocab, &stop, &mut no_calls);
+        assert!(!no_calls && logits[open as usize] == 3.0);
+        // After a call: another at p(more) = 1e-3 >= 1e-4, so no end.
+        let after = "<tool_call>\n{}\n</tool_call>";
+        let mut logits = vec![f32::NEG_INFINITY; n];
+        logits[stop[0] as usize] = 0.0;
+        logits[id("\n")] = (1e-3f32 / (1.0 - 1e-3)).ln();
+        gate.apply(&mut logits, after, &vocab, &stop, &mut false);
+        assert!(logits[stop[0] as usize].is_infinite());
+        // Below it the end stays; and where only the end is allowed it stays.
+        let mut logits = vec![f32::NEG_INFINITY; n];
+        logits[stop[0] as usize] = 0.0;
+        logits[id("\n")] = -20.0;
+        gate.apply(&mut logits, after, &vocab, &stop, &mut false);
+        assert_eq!(logits[stop[0] as usize], 0.0);
+        let mut logits = vec![f32::NEG_INFINITY; n];
+        logits[stop[0] as usize] = 0.0;
+        gate.apply(&mut logits, after, &vocab, &stop, &mut false);
+        assert_eq!(logits[stop[0] as usize], 0.0);
+    }
 }

@@ -246,6 +246,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             stop: Vec::new(),
             grammar: None,
+            call_gate: None,
         }
     }
 }

@@ -5,6 +5,7 @@
 use super::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
 use super::prefix::{PrefixCache, Reuse, Snapshot};
 use super::text::{Message, TextCodec};
+use super::tool_calls::Tool;
 use crate::method::budget::MemoryPlan;
 use crate::method::params::Score;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
@@ -537,19 +538,23 @@ impl Engine {
     }
 
     /// Generates the assistant's next turn of a conversation (see
-    /// [`crate::engine::text::conversation`]), rendered with the model's
-    /// chat template.
+    /// [`crate::engine::text::conversation`]) offering `tools` (may be
+    /// none), rendered with the model's chat template. The calls are the
+    /// caller's to constrain (`opts.grammar`) and read back.
     pub fn generate_turns(
         &mut self,
         turns: &[Message],
+        tools: &[Tool],
         opts: &GenerateOptions,
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        let ids = self.codec.chat_ids(turns)?;
+        let ids = self
+            .codec
+            .encode(&self.codec.render_chat_with_tools(turns, tools)?)?;
         // Where turns start: what the next request of the same conversation
         // (or with the same system prompt) shares.
         let starts = match self.prefix_cache {
-            true => Some(self.codec.turn_starts(turns, &ids)),
+            true => Some(self.codec.turn_starts(turns, tools, &ids)),
             false => None,
         };
         self.generate_at(&ids, starts.as_deref(), opts, on_text)

@@ -63,6 +63,11 @@ impl TokenizerEnv for Vocab {
 /// Compiles requests' grammars for one model.
 pub struct Grammars {
     factory: ParserFactory,
+    /// Each token's first byte (0 for special and empty tokens).
+    first_bytes: Vec<u8>,
+    /// Whether a token holds `<` or a backtick (what a tool call opens
+    /// with after text, and what text may not hold).
+    call_bytes: Vec<bool>,
 }
 
 impl Grammars {
@@ -87,6 +92,22 @@ impl Grammars {
         let Some(&first) = eos.first() else {
             bail!("the model has no end-of-turn token to end a constrained answer with");
         };
+        let first_bytes = words
+            .iter()
+            .map(|w| match w.first() {
+                Some(&b) if b != TokTrie::SPECIAL_TOKEN_MARKER => b,
+                _ => 0,
+            })
+            .collect();
+        let call_bytes = words
+            .iter()
+            .map(|w| match w.first() {
+                Some(&b) if b != TokTrie::SPECIAL_TOKEN_MARKER => {
+                    w.iter().any(|&b| b == b'<' || b == b'`')
+                }
+                _ => false,
+            })
+            .collect();
         let info = TokRxInfo::new(n_vocab as u32, first);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
         drop(words);
@@ -96,7 +117,21 @@ impl Grammars {
         // included; docs/BENCHMARKS.md).
         let mut factory = ParserFactory::new(&env, Default::default(), &[]).context(what)?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self {
+            factory,
+            first_bytes,
+            call_bytes,
+        })
+    }
+
+    /// Whether each token holds `<` or a backtick (special tokens: false).
+    pub fn call_bytes(&self) -> &[bool] {
+        &self.call_bytes
+    }
+
+    /// Each token's first byte (0 for special and empty tokens).
+    pub fn first_bytes(&self) -> &[u8] {
+        &self.first_bytes
     }
 
     /// The constraint of `grammar`, or why it cannot be one (an invalid
@@ -195,6 +230,12 @@ pub struct Constraint {
 impl Constraint {
     /// `logits` with every token the grammar forbids at `-inf`.
     pub fn mask(&mut self, logits: &Tensor) -> Result<Tensor> {
+        let v = self.mask_values(logits)?;
+        Ok(Tensor::from_vec(v, logits.dims(), logits.device())?)
+    }
+
+    /// [`Self::mask`] as values.
+    pub fn mask_values(&mut self, logits: &Tensor) -> Result<Vec<f32>> {
         let allowed = self
             .matcher
             .compute_mask_or_eos()
@@ -206,7 +247,7 @@ impl Constraint {
                 v[t] = f32::NEG_INFINITY;
             }
         });
-        Ok(Tensor::from_vec(v, logits.dims(), logits.device())?)
+        Ok(v)
     }
 
     /// Advances over the sampled `token` (one the mask allowed).

@@ -17,7 +17,7 @@ pub mod text;
 pub mod tool_calls;
 pub mod vocab;
 
-pub use decode::{GenerateOptions, Generation, Generator, StopReason};
+pub use decode::{CallGate, GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;
 pub use sampling::Sampling;
 pub use spec::EngineSpec;

@@ -3,7 +3,7 @@
 //! structured output, and incremental detokenization for streaming.
 
 use super::grammar::Grammars;
-use super::tool_calls::{self, Tool};
+use super::tool_calls::{self, Tool, ToolCall};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,10 @@ struct TokenizerConfig {
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls (its content may then be empty); a
+    /// `tool` turn after it carries one call's result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Message {
@@ -30,18 +34,22 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
         }
     }
 }
 
-/// Roles a conversation may hold.
-pub const ROLES: [&str; 3] = ["system", "user", "assistant"];
+/// Roles a conversation may hold (`tool`: a call's result, after the
+/// assistant turn that made the call).
+pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 /// The conversation a request asks for: `system_prompt` (when not empty and
 /// the messages bring no system turn of their own), then `messages`, then
 /// `prompt` as the last user turn (when not empty). Refused with the reason:
 /// no turn at all, an unknown role, an empty turn, a system turn anywhere
-/// but first, or a conversation that does not end with the user's turn.
+/// but first, calls on a turn that is not the assistant's, a tool result
+/// that follows no call, or a conversation that does not end with the
+/// user's turn or a tool result.
 pub fn conversation(
     system_prompt: &str,
     messages: &[Message],
@@ -70,13 +78,42 @@ pub fn conversation(
         if m.role == "system" && i > 0 {
             bail!("message {i}: a system turn may only come first");
         }
-        if m.content.trim().is_empty() {
+        if m.content.trim().is_empty() && m.tool_calls.is_empty() {
             bail!("message {i} ({}) is empty", m.role);
+        }
+        if !m.tool_calls.is_empty() && m.role != "assistant" {
+            bail!(
+                "message {i} ({}) has tool_calls; only assistant turns make calls",
+                m.role
+            );
+        }
+        for c in &m.tool_calls {
+            if c.name.trim().is_empty() {
+                bail!("message {i}: a tool call has no function name");
+            }
+            match serde_json::from_str::<serde_json::Value>(&c.arguments) {
+                Ok(serde_json::Value::Object(_)) => {}
+                _ => bail!(
+                    "message {i}: the arguments of its call of `{}` are not a JSON object: {}",
+                    c.name,
+                    c.arguments
+                ),
+            }
+        }
+        if m.role == "tool" {
+            let called = messages[..i]
+                .iter()
+                .rev()
+                .find(|p| p.role != "tool")
+                .is_some_and(|p| !p.tool_calls.is_empty());
+            if !called {
+                bail!("message {i} (tool) follows no assistant turn with tool_calls");
+            }
         }
     }
     match turns.last() {
-        Some(m) if m.role == "user" => Ok(turns),
-        _ => bail!("the conversation must end with a user turn (the prompt, or a last message of role user)"),
+        Some(m) if m.role == "user" || m.role == "tool" => Ok(turns),
+        _ => bail!("the conversation must end with a user turn (the prompt, or a last message of role user) or a tool result"),
     }
 }
 
@@ -165,6 +202,17 @@ impl TextCodec {
         (item(tool_calls::CALL_OPEN), item(tool_calls::CALL_CLOSE))
     }
 
+    /// The call markers' token ids, where they are special tokens.
+    pub fn tool_call_marker_ids(&self) -> Option<(u32, u32)> {
+        let id = |m: &str| {
+            self.kept_specials
+                .iter()
+                .find(|(_, t)| t == m)
+                .map(|(id, _)| *id)
+        };
+        Some((id(tool_calls::CALL_OPEN)?, id(tool_calls::CALL_CLOSE)?))
+    }
+
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -209,16 +257,16 @@ impl TextCodec {
         Ok(text)
     }
 
-    /// Where turns start in `ids` (the tokens of `turns` rendered): for
-    /// each turn after the first, how many tokens the turns before it
-    /// render to, when those are exactly the first of `ids` (the template's
-    /// default system turn counts: a one-turn prompt shares it with every
-    /// other). At most the first and the last three, ascending.
-    pub fn turn_starts(&self, turns: &[Message], ids: &[u32]) -> Vec<usize> {
+    /// Where turns start in `ids` (the tokens of `turns` offering `tools`,
+    /// rendered): for each turn after the first, how many tokens the turns
+    /// before it render to, when those are exactly the first of `ids` (the
+    /// template's default system turn counts: a one-turn prompt shares it
+    /// with every other). At most the first and the last three, ascending.
+    pub fn turn_starts(&self, turns: &[Message], tools: &[Tool], ids: &[u32]) -> Vec<usize> {
         let mut starts: Vec<usize> = (0..turns.len())
             .filter_map(|k| {
                 let head = self
-                    .encode(&self.render(&turns[..k], &[], false).ok()?)
+                    .encode(&self.render(&turns[..k], tools, false).ok()?)
                     .ok()?;
                 (!head.is_empty() && head.len() < ids.len() && ids.starts_with(&head))
                     .then_some(head.len())
@@ -237,28 +285,106 @@ impl TextCodec {
         self.render(messages, &[], true)
     }
 
-    /// Renders a conversation that offers `tools`: through the template's
-    /// own tools block where it has one (Qwen2.5's), else as Qwen2.5's
-    /// tools text in the system turn ([`tool_calls::tools_system_text`]).
+    /// Renders a conversation that offers `tools` (and may hold calls and
+    /// their results): through the template's own tools block where it has
+    /// one (Qwen2.5's), else as Qwen2.5's text ([`Self::template_turns`]).
     pub fn render_chat_with_tools(&self, messages: &[Message], tools: &[Tool]) -> Result<String> {
-        let own_block = self
-            .chat_template
+        self.render(messages, tools, true)
+    }
+
+    /// Whether the chat template shows tools, calls and results itself.
+    fn template_knows_tools(&self) -> bool {
+        self.chat_template
             .as_deref()
-            .is_some_and(|t| t.contains("tools"));
-        if tools.is_empty() || own_block {
-            return self.render(messages, tools, true);
-        }
-        let mut turns = messages.to_vec();
-        match turns.first_mut() {
-            Some(m) if m.role == "system" => {
-                m.content = tool_calls::tools_system_text(&m.content, tools)
+            .is_some_and(|t| t.contains("tools") && t.contains("tool_call"))
+    }
+
+    /// The turns and tools as the template is given them. A template that
+    /// knows tools gets calls as OpenAI's `tool_calls` objects (arguments
+    /// as objects) and the tools list. For any other, Qwen2.5's template is
+    /// done here: the tools as text in the system turn
+    /// ([`tool_calls::tools_system_text`]), each call as a `<tool_call>`
+    /// block after the assistant's text, and consecutive tool results as
+    /// one user turn of `<tool_response>` blocks.
+    fn template_turns(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+    ) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
+        use serde_json::{json, Value};
+        let arguments = |c: &tool_calls::ToolCall| -> Result<Value> {
+            serde_json::from_str(&c.arguments).with_context(|| {
+                format!(
+                    "the arguments of a call of `{}` are not JSON: {}",
+                    c.name, c.arguments
+                )
+            })
+        };
+        if self.template_knows_tools() {
+            let mut turns = Vec::with_capacity(messages.len());
+            for m in messages {
+                let mut t = json!({"role": m.role, "content": m.content});
+                if !m.tool_calls.is_empty() {
+                    let calls = m
+                        .tool_calls
+                        .iter()
+                        .map(|c| {
+                            Ok(json!({"id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": arguments(c)?}}))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    t["tool_calls"] = Value::Array(calls);
+                }
+                turns.push(t);
             }
-            _ => turns.insert(
-                0,
-                Message::new("system", &tool_calls::tools_system_text("", tools)),
-            ),
+            return Ok((turns, tools.iter().map(Tool::template_value).collect()));
         }
-        self.render(&turns, &[], true)
+        let mut turns: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+        for m in messages {
+            if m.role == "tool" {
+                let block = format!("<tool_response>\n{}\n</tool_response>", m.content);
+                match turns.last_mut() {
+                    Some(prev)
+                        if prev.role == "user" && prev.content.ends_with("</tool_response>") =>
+                    {
+                        prev.content.push('\n');
+                        prev.content.push_str(&block);
+                    }
+                    _ => turns.push(Message::new("user", &block)),
+                }
+                continue;
+            }
+            let mut content = m.content.clone();
+            for c in &m.tool_calls {
+                let call = json!({"name": c.name, "arguments": arguments(c)?});
+                if !content.is_empty() {
+                    content.push('\n');
+                }
+                content.push_str(&format!(
+                    "{}\n{}\n{}",
+                    tool_calls::CALL_OPEN,
+                    tool_calls::python_json(&call),
+                    tool_calls::CALL_CLOSE
+                ));
+            }
+            turns.push(Message::new(&m.role, &content));
+        }
+        if !tools.is_empty() {
+            match turns.first_mut() {
+                Some(m) if m.role == "system" => {
+                    m.content = tool_calls::tools_system_text(&m.content, tools)
+                }
+                _ => turns.insert(
+                    0,
+                    Message::new("system", &tool_calls::tools_system_text("", tools)),
+                ),
+            }
+        }
+        let turns = turns
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        Ok((turns, Vec::new()))
     }
 
     fn render(
@@ -267,12 +393,14 @@ impl TextCodec {
         tools: &[Tool],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let (messages, tools) = self.template_turns(messages, tools)?;
         let Some(template) = &self.chat_template else {
             let mut s = String::new();
-            for m in messages {
+            for m in &messages {
                 s.push_str(&format!(
                     "<|im_start|>{}\n{}<|im_end|>\n",
-                    m.role, m.content
+                    m["role"].as_str().unwrap_or_default(),
+                    m["content"].as_str().unwrap_or_default()
                 ));
             }
             if add_generation_prompt {
@@ -305,7 +433,6 @@ impl TextCodec {
         );
         env.add_template("chat", template)
             .context("parsing the model's chat template")?;
-        let tools: Vec<serde_json::Value> = tools.iter().map(Tool::template_value).collect();
         let rendered = env
             .get_template("chat")
             .and_then(|t| {
@@ -482,5 +609,64 @@ mod tests {
         assert!(err("", &[Message::new("user", "")], "q").contains("message 0 (user) is empty"));
         let ends_with_assistant = [Message::new("user", "a"), Message::new("assistant", "b")];
         assert!(err("", &ends_with_assistant, "").contains("end with a user turn"));
+        let orphan = [Message::new("user", "a"), Message::new("tool", "42")];
+        assert!(err("", &orphan, "").contains("follows no assistant turn with tool_calls"));
+        let mut user_calls = Message::new("user", "a");
+        user_calls.tool_calls.push(call("stop", "{}"));
+        assert!(err("", &[user_calls], "q").contains("only assistant turns make calls"));
+        let mut bad_args = Message::new("assistant", "");
+        bad_args.tool_calls.push(call("stop", "[1]"));
+        let turns = [
+            Message::new("user", "a"),
+            bad_args,
+            Message::new("tool", "ok"),
+        ];
+        assert!(err("", &turns, "").contains("not a JSON object"));
+    }
+
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: "call_0".into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// A call and its result go back as Qwen2.5's template writes them:
+    /// `<tool_call>` blocks in the assistant's turn, `<tool_response>`
+    /// blocks in one user turn, whether the template does it (Qwen) or we
+    /// do (SmolLM2, whose template knows no tools).
+    #[test]
+    fn calls_and_their_results_render_as_qwen_writes_them() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        let tools = tool_calls::parse_tools(
+            r#"[{"name": "battery", "description": "charge", "parameters": {"type": "object", "properties": {}}}]"#,
+        )
+        .unwrap();
+        let mut asked = Message::new("assistant", "");
+        asked.tool_calls = vec![call("battery", "{}"), call("battery", r#"{"unit": "%"}"#)];
+        let turns = conversation(
+            "",
+            &[
+                Message::new("user", "charge?"),
+                asked,
+                Message::new("tool", "81"),
+                Message::new("tool", "80"),
+            ],
+            "",
+        )
+        .unwrap();
+        let want = "<|im_start|>assistant\n<tool_call>\n{\"name\": \"battery\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"battery\", \"arguments\": {\"unit\": \"%\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n81\n</tool_response>\n<tool_response>\n80\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+        for model in ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"] {
+            let codec = TextCodec::from_model_dir(&root.join(model)).unwrap();
+            let text = codec.render_chat_with_tools(&turns, &tools).unwrap();
+            assert!(text.ends_with(want), "{model}: {text}");
+            let ids = codec.encode(&text).unwrap();
+            // The conversation's turns are where a later request shares it.
+            assert!(
+                !codec.turn_starts(&turns, &tools, &ids).is_empty(),
+                "{model}"
+            );
+        }
     }
 }

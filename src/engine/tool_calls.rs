@@ -54,7 +54,7 @@ impl std::str::FromStr for ToolChoice {
 }
 
 /// A call read from the text: `arguments` is JSON text (an object).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -68,6 +68,54 @@ pub struct Calls {
     pub content: String,
     pub calls: Vec<ToolCall>,
     pub invalid: usize,
+}
+
+/// What a request offers: its functions, whether and which it must call,
+/// and whether it may make several calls in one turn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Offer {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+}
+
+impl Offer {
+    /// From a request's fields: `tools` as JSON text ([`parse_tools`];
+    /// empty = none) and `tool_choice` (`""`/`auto`, `none`, `required` or
+    /// a function's name). Refuses a choice other than `auto` with no
+    /// tools, and a function name not offered.
+    pub fn from_fields(tools: &str, tool_choice: &str, parallel: bool) -> Result<Self> {
+        let tools = match tools.trim() {
+            "" => Vec::new(),
+            text => parse_tools(text)?,
+        };
+        let choice: ToolChoice = tool_choice.parse()?;
+        if tools.is_empty() && !matches!(choice, ToolChoice::Auto) {
+            bail!("tool_choice `{}` needs tools", tool_choice.trim());
+        }
+        if let ToolChoice::Function(name) = &choice {
+            if !tools.iter().any(|t| &t.name == name) {
+                bail!(
+                    "tool_choice `{name}` is not among the tools offered ({})",
+                    tools
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        Ok(Self {
+            tools,
+            choice,
+            parallel,
+        })
+    }
+
+    /// Whether calls are to be read from the answer.
+    pub fn calls_wanted(&self) -> bool {
+        !self.tools.is_empty() && self.choice != ToolChoice::None
+    }
 }
 
 /// JSON schema's word for a BFCL/OpenAPI-ish type name, `None` for `any`.
@@ -329,7 +377,9 @@ pub fn python_json(v: &Value) -> String {
 }
 
 /// The Lark grammar (llguidance) a request's output is held to: `None`
-/// when nothing is constrained (no tools, or `tool_choice: none`).
+/// when nothing is offered; with `tool_choice: none`, any text without
+/// the call markers when they are special tokens (Qwen2.5's: a grammar
+/// admits no special token it does not name).
 ///
 /// A call takes one of the forms models write, each held to the offered
 /// functions' schemas: `<tool_call>\n{...}\n</tool_call>` (Qwen2.5's
@@ -350,8 +400,13 @@ pub fn grammar(
     parallel: bool,
     (open, close): (&str, &str),
 ) -> Result<Option<Grammar>> {
-    if tools.is_empty() || *choice == ToolChoice::None {
+    if tools.is_empty() {
         return Ok(None);
+    }
+    if *choice == ToolChoice::None {
+        return Ok(Some(Grammar::Lark(
+            "start: TEXT\nTEXT: /(.|\\n)*/\n".into(),
+        )));
     }
     let offered: Vec<&Tool> = match choice {
         ToolChoice::Function(name) => vec![tools
@@ -407,12 +462,19 @@ pub fn grammar(
 /// blocks, ```` ```json ```` fences holding a call, or the whole text as
 /// one call object (the forms [`grammar`] allows). A block that does not
 /// parse, names no offered function or whose arguments are not an object
-/// counts as invalid and stays out of `calls`. `lenient` also takes any
+/// counts as invalid and stays out of `calls`; a call equal to an earlier
+/// one (name and arguments) is dropped. `lenient` also takes any
 /// call object found in the text (to score another engine's unconstrained
 /// answers, as BFCL-style lenient scoring does).
 pub fn read_calls(text: &str, tools: &[Tool], lenient: bool) -> Calls {
     let mut out = Calls::default();
     let push = |out: &mut Calls, body: &str| match call_of(body, tools) {
+        // The same call twice in one answer is made once.
+        Some((name, arguments))
+            if out
+                .calls
+                .iter()
+                .any(|c| c.name == name && c.arguments == arguments) => {}
         Some((name, arguments)) => {
             let id = format!("call_{}", out.calls.len());
             out.calls.push(ToolCall {
@@ -570,7 +632,11 @@ mod tests {
     #[test]
     fn the_grammar_follows_tool_choice() {
         let tools = parse_tools(BFCL).unwrap();
-        assert_eq!(grammar(&tools, &ToolChoice::None, true, M).unwrap(), None);
+        // none: any text, but not the call marker (a special token).
+        assert_eq!(
+            grammar(&tools, &ToolChoice::None, true, M).unwrap(),
+            Some(Grammar::Lark("start: TEXT\nTEXT: /(.|\\n)*/\n".into()))
+        );
         assert_eq!(grammar(&[], &ToolChoice::Auto, true, M).unwrap(), None);
         let Some(Grammar::Lark(auto)) = grammar(&tools, &ToolChoice::Auto, false, M).unwrap()
         else {

@@ -61,6 +61,10 @@ impl ModelIdentity {
     }
 }
 
+fn one() -> usize {
+    1
+}
+
 /// One profiled task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskMeta {
@@ -72,6 +76,9 @@ pub struct TaskMeta {
     /// (the profile config's `skip`; files without it profiled from row 0).
     #[serde(default)]
     pub skip: usize,
+    /// One row in every `stride` after `skip` (files without it: 1).
+    #[serde(default = "one")]
+    pub stride: usize,
     pub examples: usize,
     /// Rows passed over because their prompt exceeded `max_prompt_tokens`.
     pub skipped_too_long: usize,

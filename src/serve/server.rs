@@ -12,7 +12,8 @@ use crate::engine::grammar::Grammar;
 use crate::engine::spec::EngineSpec;
 use crate::engine::stops::StopStrings;
 use crate::engine::text::{conversation, Message, TextCodec};
-use crate::engine::{Engine, GenerateOptions, Sampling};
+use crate::engine::tool_calls::{self, Offer, ToolCall};
+use crate::engine::{CallGate, Engine, GenerateOptions, Sampling};
 use crate::method::Mode;
 use crate::method::SelectionParams;
 use crate::sys::memory;
@@ -39,6 +40,13 @@ pub struct Request {
     pub json_schema: String,
     /// A Lark grammar the answer must parse under (empty = none).
     pub grammar: String,
+    /// Functions the model may call, as JSON text
+    /// ([`tool_calls::parse_tools`]; empty = none).
+    pub tools: String,
+    /// `""`/`auto`, `none`, `required` or a function's name.
+    pub tool_choice: String,
+    /// Whether one turn may make several calls.
+    pub parallel_tool_calls: bool,
     /// `""` = the server's task when the request is accepted; otherwise one
     /// of [`Server::tasks`].
     pub task: String,
@@ -62,10 +70,14 @@ pub struct Reply {
     pub ttft_s: f64,
     pub tokens_per_s: f64,
     pub compute_ratio: f64,
-    /// `eos`, `length`, `cancelled`; empty when `success` is false.
+    /// `eos`, `length`, `cancelled`, `stop`, `tool_calls` (ended after
+    /// its calls); empty when `success` is false.
     pub stop_reason: String,
     /// The task whose plan answered.
     pub task: String,
+    /// The calls the answer made (with tools offered); `text` is then the
+    /// answer's text outside them.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Reply {
@@ -347,7 +359,7 @@ impl Server {
     pub fn check_request(&self, r: &Request) -> Result<()> {
         conversation("", &r.messages, &r.prompt)?;
         StopStrings::check(&r.stop)?;
-        if let Some(g) = Grammar::of_fields(&r.json_schema, &r.grammar)? {
+        if let Some(g) = grammar_of(r, &self.codec)?.1 {
             self.codec.grammars()?.compile(&g)?;
         }
         if !r.task.is_empty() {
@@ -639,6 +651,22 @@ fn worker_loop(
     }
 }
 
+/// A request's tools and the grammar its answer is held to: its JSON
+/// schema or Lark grammar, or its tools' call grammar (not both).
+fn grammar_of(r: &Request, codec: &TextCodec) -> Result<(Offer, Option<Grammar>)> {
+    let offer = Offer::from_fields(&r.tools, &r.tool_choice, r.parallel_tool_calls)?;
+    let own = Grammar::of_fields(&r.json_schema, &r.grammar)?;
+    if offer.tools.is_empty() {
+        return Ok((offer, own));
+    }
+    if own.is_some() {
+        bail!("tools hold the answer to their calls' grammar; give json_schema or grammar only without tools");
+    }
+    let (open, close) = codec.tool_call_markers();
+    let g = tool_calls::grammar(&offer.tools, &offer.choice, offer.parallel, (&open, &close))?;
+    Ok((offer, g))
+}
+
 fn run_request(
     engine: &mut Engine,
     r: &Request,
@@ -646,6 +674,7 @@ fn run_request(
     stop: &dyn Fn() -> bool,
     on_token: &mut TokenSink,
 ) -> Result<Reply> {
+    let (offer, grammar) = grammar_of(r, &engine.codec)?;
     let opts = GenerateOptions {
         max_new_tokens: r
             .max_new_tokens
@@ -657,13 +686,14 @@ fn run_request(
         },
         ignore_eos: false,
         stop: r.stop.clone(),
-        grammar: Grammar::of_fields(&r.json_schema, &r.grammar)?,
+        grammar,
+        call_gate: CallGate::for_offer(&engine.codec, &offer, CallGate::TUNED),
     };
     let turns = conversation(&settings.system_prompt, &r.messages, &r.prompt)?;
     engine.prefix_cache = settings.prefix_cache;
     let mut index = 0usize;
     let mut streamed = String::new();
-    let g = engine.generate_turns(&turns, &opts, |piece| {
+    let g = engine.generate_turns(&turns, &offer.tools, &opts, |piece| {
         on_token(index, piece);
         streamed.push_str(piece);
         index += 1;
@@ -681,11 +711,34 @@ fn run_request(
             r.id
         );
     }
+    let mut stop_reason = g.stop_reason.name().to_string();
+    let (text, tool_calls) = match offer.calls_wanted() {
+        false => (g.text, Vec::new()),
+        true => {
+            let read = tool_calls::read_calls(&g.text, &offer.tools, false);
+            if read.invalid > 0 {
+                // Only a call cut short (length, stop string, cancel) can
+                // fail to read: the raw text goes back, nothing lost.
+                log::warn!(
+                    "request {}: {} call(s) cut short ({stop_reason}); the reply keeps the raw text",
+                    r.id,
+                    read.invalid
+                );
+                (g.text, read.calls)
+            } else {
+                if !read.calls.is_empty() && stop_reason == "eos" {
+                    stop_reason = "tool_calls".into();
+                }
+                (read.content, read.calls)
+            }
+        }
+    };
     Ok(Reply {
         success: true,
         error: String::new(),
         request_id: r.id.clone(),
-        text: g.text,
+        text,
+        tool_calls,
         prompt_tokens: g.prompt_tokens,
         cached_prompt_tokens: g.cached_prompt_tokens,
         generated_tokens: g.generated_tokens,
@@ -693,6 +746,6 @@ fn run_request(
         tokens_per_s: g.decode_tokens_per_s,
         compute_ratio: g.compute_ratio,
         task: r.task.clone(),
-        stop_reason: g.stop_reason.name().into(),
+        stop_reason,
     })
 }

@@ -245,37 +245,59 @@ pub fn decode_prompt(msg_type: &str, data: &[u8]) -> Result<RecordedPrompt> {
                 ..RecordedPrompt::default()
             })
         }
-        PROMPT_TYPE => {
-            let mut r = CdrReader::new(data)?;
-            let request_id = r.string("request_id")?;
-            let prompt = r.string("prompt")?;
-            let task = r.string("task")?;
-            r.take(4, 4, "max_new_tokens")?;
-            r.take(4, 4, "temperature")?;
-            r.take(4, 4, "top_p")?;
-            r.take(8, 8, "seed")?;
-            let mut messages = Vec::new();
-            for i in 0..r.u32("messages (length)")? {
-                let role = r.string(&format!("messages[{i}].role"))?;
-                let content = r.string(&format!("messages[{i}].content"))?;
-                messages.push((role, content));
-            }
-            for i in 0..r.u32("stop (length)")? {
-                r.string(&format!("stop[{i}]"))?;
-            }
-            r.string("json_schema")?;
-            r.string("grammar")?;
-            Ok(RecordedPrompt {
-                request_id,
-                prompt,
-                task,
-                messages,
-            })
-        }
+        // Today's layout; else the one before tool calls (bags recorded
+        // then), whichever reads the whole message.
+        PROMPT_TYPE => decode_prompt_msg(data, true).or_else(|e| {
+            decode_prompt_msg(data, false)
+                .map_err(|_| e.context("(nor as the layout before tool calls)"))
+        }),
         other => bail!(
             "message type {other} is not a prompt (prompts are {PROMPT_TYPE} or {STRING_TYPE})"
         ),
     }
+}
+
+/// `selectinfer_msgs/msg/Prompt` as msg/msg/Prompt.msg lays it out;
+/// `tool_fields` false: as it was before tool calls (no `tool_calls` in a
+/// turn, no `tools`, `tool_choice`, `parallel_tool_calls`).
+fn decode_prompt_msg(data: &[u8], tool_fields: bool) -> Result<RecordedPrompt> {
+    let mut r = CdrReader::new(data)?;
+    let request_id = r.string("request_id")?;
+    let prompt = r.string("prompt")?;
+    let task = r.string("task")?;
+    r.take(4, 4, "max_new_tokens")?;
+    r.take(4, 4, "temperature")?;
+    r.take(4, 4, "top_p")?;
+    r.take(8, 8, "seed")?;
+    let mut messages = Vec::new();
+    for i in 0..r.u32("messages (length)")? {
+        let role = r.string(&format!("messages[{i}].role"))?;
+        let content = r.string(&format!("messages[{i}].content"))?;
+        if tool_fields {
+            for j in 0..r.u32(&format!("messages[{i}].tool_calls (length)"))? {
+                for f in ["id", "name", "arguments"] {
+                    r.string(&format!("messages[{i}].tool_calls[{j}].{f}"))?;
+                }
+            }
+        }
+        messages.push((role, content));
+    }
+    for i in 0..r.u32("stop (length)")? {
+        r.string(&format!("stop[{i}]"))?;
+    }
+    r.string("json_schema")?;
+    r.string("grammar")?;
+    if tool_fields {
+        r.string("tools")?;
+        r.string("tool_choice")?;
+        r.take(1, 1, "parallel_tool_calls")?;
+    }
+    Ok(RecordedPrompt {
+        request_id,
+        prompt,
+        task,
+        messages,
+    })
 }
 
 /// Reads classic CDR (what ROS 2 records): primitives aligned to their
@@ -477,9 +499,10 @@ mod tests {
             .raw(4, &(-1f32).to_le_bytes())
             .raw(4, &0.9f32.to_le_bytes())
             .raw(8, &(-1i64).to_le_bytes());
-        w.u32(1).string("system").string("be brief");
+        w.u32(1).string("system").string("be brief").u32(0);
         w.u32(1).string("\n\n");
-        w.string("").string("");
+        w.string("").string("").string("").string("");
+        w.raw(1, &[1]);
         w.0
     }
 
@@ -517,6 +540,20 @@ mod tests {
                 messages: vec![("system".into(), "be brief".into())],
             }
         );
+    }
+
+    #[test]
+    fn a_prompt_recorded_before_tool_calls_still_decodes() {
+        let mut w = W::new(true);
+        w.string("old").string("go to the door").string("qa");
+        w.raw(4, &(-1i32).to_le_bytes())
+            .raw(4, &(-1f32).to_le_bytes())
+            .raw(4, &0.9f32.to_le_bytes())
+            .raw(8, &(-1i64).to_le_bytes());
+        w.u32(1).string("system").string("be brief");
+        w.u32(0).string("").string("");
+        let p = decode_prompt(PROMPT_TYPE, &w.0).unwrap();
+        assert_eq!((p.request_id.as_str(), p.messages.len()), ("old", 1));
     }
 
     #[test]

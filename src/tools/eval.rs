@@ -9,7 +9,8 @@
 //! generated, so a run can be inspected while it goes and resumed after an
 //! interruption (examples already in the file are not generated again).
 
-use crate::engine::tool_calls::{self, Tool, ToolChoice};
+use crate::engine::tool_calls::{self, Offer, Tool, ToolChoice};
+use crate::engine::CallGate;
 use crate::engine::{GenerateOptions, Generation, Generator};
 use crate::tools::bfcl;
 use crate::tools::data::{self, Example};
@@ -43,6 +44,9 @@ pub struct EvalOptions {
     /// Tool-call rows: calls read anywhere in the text
     /// ([`tool_calls::read_calls`]'s `lenient`).
     pub lenient_calls: bool,
+    /// Tool-call rows: the [`CallGate`]'s `min_call_p`, `min_more_p` and
+    /// `min_more_p_later`.
+    pub call_thresholds: (f32, f32, f32),
 }
 
 /// One example's result, as stored in the outputs file.
@@ -96,14 +100,30 @@ impl Prompt {
         &self,
         base: &GenerateOptions,
         codec: &crate::engine::text::TextCodec,
+        thresholds: (f32, f32, f32),
     ) -> Result<GenerateOptions> {
         let mut o = base.clone();
         if let Prompt::Tools { tools, .. } = self {
+            let offer = Offer {
+                tools: tools.clone(),
+                choice: ToolChoice::Auto,
+                parallel: true,
+            };
             let (open, close) = codec.tool_call_markers();
-            o.grammar = tool_calls::grammar(tools, &ToolChoice::Auto, true, (&open, &close))?;
+            o.grammar = tool_calls::grammar(&offer.tools, &offer.choice, true, (&open, &close))?;
+            o.call_gate = CallGate::for_offer(codec, &offer, thresholds);
         }
         Ok(o)
     }
+}
+
+/// The prompt tokens of a tools row (its `messages` offering its
+/// `functions`), as eval renders them: what profiling a `tools` task reads.
+pub(crate) fn tools_prompt_ids(
+    codec: &crate::engine::text::TextCodec,
+    ex: &Example,
+) -> Result<Vec<u32>> {
+    tools_prompt(ex)?.ids(codec)
 }
 
 /// A tools row's prompt: its `messages` and `functions`.
@@ -381,7 +401,10 @@ pub fn run(engine: &mut dyn Generator, opts: &EvalOptions) -> Result<EvalReport>
             Some(previous) => previous,
             None => {
                 let g = engine
-                    .generate(&ids, &prompt.options(&opts.generate, engine.codec())?)
+                    .generate(
+                        &ids,
+                        &prompt.options(&opts.generate, engine.codec(), opts.call_thresholds)?,
+                    )
                     .with_context(|| format!("example {}", ex.id))?;
                 let mut out = example_output(ex, &g);
                 if let Prompt::Tools { tools, .. } = prompt {

@@ -42,7 +42,8 @@ pub struct DatasetSpec {
     pub path: PathBuf,
     /// Prompt template with `{field}` placeholders; chat-formatted
     /// afterwards. A bag's prompts are used as recorded: empty or
-    /// `{prompt}` there.
+    /// `{prompt}` there. Empty for task `tools`: its rows (BFCL's form)
+    /// carry `messages` and `functions`, rendered as eval renders them.
     #[serde(default)]
     pub template: String,
     /// Number of examples (the first N rows after `skip`; default: all).
@@ -53,6 +54,11 @@ pub struct DatasetSpec {
     /// first N rows of the same files).
     #[serde(default)]
     pub skip: usize,
+    /// Every how many rows one is taken after `skip` (default 1: each):
+    /// spreads the examples over a file grouped by kind (BFCL's tools rows
+    /// come grouped by category).
+    #[serde(default = "one")]
+    pub stride: usize,
     /// The bag topic whose prompts (`selectinfer_msgs/msg/Prompt` or
     /// `std_msgs/msg/String`) are the examples, in time order; `path` is
     /// then the bag.
@@ -67,6 +73,10 @@ fn all_examples() -> usize {
     ALL_EXAMPLES
 }
 
+fn one() -> usize {
+    1
+}
+
 /// The template recorded for a bag's prompts (used as recorded).
 pub const BAG_TEMPLATE: &str = "{prompt}";
 
@@ -79,6 +89,7 @@ impl DatasetSpec {
             template: BAG_TEMPLATE.into(),
             examples: ALL_EXAMPLES,
             skip: 0,
+            stride: 1,
             topic: Some(topic.into()),
         }
     }
@@ -132,12 +143,18 @@ impl ProfileConfig {
             if d.examples == 0 {
                 bail!("dataset for task '{}' asks for 0 examples", d.task);
             }
+            if d.stride == 0 {
+                bail!(
+                    "dataset for task '{}' has stride 0 (1 takes every row)",
+                    d.task
+                );
+            }
             if d.task.is_empty() || d.task == crate::method::ranking::MODEL_WIDE {
                 bail!("invalid task name '{}'", d.task);
             }
             match &d.topic {
-                None if d.template.is_empty() => {
-                    bail!("dataset for task '{}' has no template", d.task)
+                None if d.template.is_empty() && d.task != "tools" => {
+                    bail!("dataset for task '{}' has no template (only task tools, whose rows carry messages and functions, goes without)", d.task)
                 }
                 Some(t) if t.trim().is_empty() => {
                     bail!("dataset for task '{}' names an empty topic", d.task)
@@ -283,11 +300,22 @@ fn task_job<'a>(
     }
     let mut prompts = Vec::with_capacity(spec.examples.min(len));
     let (mut skipped, mut refused) = (0, 0);
-    for i in spec.skip..len {
+    for i in (spec.skip..len).step_by(spec.stride.max(1)) {
         if prompts.len() == spec.examples {
             break;
         }
         let (label, ids) = match &rows {
+            // Tool-call rows (BFCL's `messages` and `functions`) as eval
+            // renders them, the functions shown; others through the template.
+            Rows::Jsonl(examples) if spec.template.is_empty() => {
+                let e = &examples[i];
+                let label = format!("example {}", e.id);
+                let ids =
+                    crate::tools::eval::tools_prompt_ids(&engine.codec, e).with_context(|| {
+                        format!("task '{}' {label} (no template: a tools row)", spec.task)
+                    })?;
+                (label, ids)
+            }
             Rows::Jsonl(examples) => {
                 let e = &examples[i];
                 let text = data::render_template(&spec.template, e)
@@ -424,6 +452,7 @@ pub fn run(
                 dataset: spec.source(),
                 dataset_sha256: job.dataset_sha256,
                 skip: spec.skip,
+                stride: spec.stride,
                 examples: prompt_ids.len(),
                 skipped_too_long: job.skipped_too_long,
                 tokens,

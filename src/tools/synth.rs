@@ -232,6 +232,7 @@ fn write_ranking(dir: &Path, cfg: &Config, seed: u64) -> Result<PathBuf> {
                     dataset: "synthetic".into(),
                     dataset_sha256: String::new(),
                     skip: 0,
+                    stride: 1,
                     examples: 0,
                     skipped_too_long: 0,
                     tokens: 0,

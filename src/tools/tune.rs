@@ -15,7 +15,7 @@
 //!    that keeps `floor` of dense q4's on every task is the preset, with
 //!    its paired-bootstrap interval.
 
-use crate::engine::{EngineSpec, GenerateOptions};
+use crate::engine::{CallGate, EngineSpec, GenerateOptions};
 use crate::method::Mode;
 use crate::store::preset;
 use crate::tools::eval::{self, EvalOptions, ExampleOutput};
@@ -172,15 +172,18 @@ pub fn metric_of(task: &str) -> &'static str {
     match task {
         "translation" => "bleu",
         "summarization" => "rougeL",
+        // BFCL rows: the mean of the categories' pass rates.
+        "tools" => "overall",
         _ => "exact_match",
     }
 }
 
 /// New tokens per row when scoring: answers are short, summaries and
-/// translations a sentence or two.
+/// translations a sentence or two, parallel tool calls several objects.
 fn new_tokens(task: &str) -> usize {
     match task {
         "qa" => 24,
+        "tools" => 128,
         _ => 64,
     }
 }
@@ -357,6 +360,7 @@ fn score_outputs(
             },
             outputs: opts.state_dir.join(format!("{slug}.{stem}.jsonl")),
             lenient_calls: false,
+            call_thresholds: CallGate::TUNED,
         };
         progress(&format!("score: {name} on {stem}, {} rows", opts.rows));
         eval::run(&mut engine, &eo)?;

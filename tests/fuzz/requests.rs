@@ -1,6 +1,6 @@
 //! Request validation: random generation requests (prompts, conversations,
-//! stop strings, JSON schemas and Lark grammars, valid and mutated, task,
-//! numbers) against the server's check. Each is accepted or refused with
+//! stop strings, JSON schemas, Lark grammars and tools, valid and mutated,
+//! tool_choice, task, numbers) against the server's check. Each is accepted or refused with
 //! a message, and the check agrees with the rules it states: every request
 //! breaking one is refused, and a plain valid one is accepted.
 
@@ -21,6 +21,10 @@ const SCHEMAS: &[&str] = &[
     r#"{"type": "object", "properties": {"action": {"enum": ["pick", "place"]}, "x": {"type": "number"}}, "required": ["action"]}"#,
     r#"{"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 3}"#,
     r#"{"type": "string", "pattern": "^[a-z]+$"}"#,
+];
+const TOOLS: &[&str] = &[
+    r#"[{"name": "navigate_to", "description": "drive", "parameters": {"type": "object", "properties": {"station": {"type": "integer"}}, "required": ["station"]}}]"#,
+    r#"[{"type": "function", "function": {"name": "grip", "parameters": {"type": "dict", "properties": {"open": {"type": "boolean"}}}}}]"#,
 ];
 const GRAMMARS: &[&str] = &[
     "start: \"yes\" | \"no\"",
@@ -68,6 +72,16 @@ fn request() -> impl Strategy<Value = Request> {
         text(SCHEMAS, 8),
         text(GRAMMARS, 8),
         prop::sample::select(vec!["", "", "qa", "translation", "nope", "QA"]),
+        text(TOOLS, 6),
+        prop::sample::select(vec![
+            "",
+            "",
+            "auto",
+            "none",
+            "required",
+            "grip",
+            "navigate_to",
+        ]),
     );
     let numbers = (
         prop::option::weighted(0.3, number()),
@@ -76,7 +90,10 @@ fn request() -> impl Strategy<Value = Request> {
         prop::option::weighted(0.3, number()),
     );
     (texts, numbers).prop_map(
-        |((prompt, messages, stop, json_schema, grammar, task), (max, t, p, seed))| Request {
+        |(
+            (prompt, messages, stop, json_schema, grammar, task, tools, choice),
+            (max, t, p, seed),
+        )| Request {
             id: "fuzz".into(),
             prompt,
             messages,
@@ -88,6 +105,9 @@ fn request() -> impl Strategy<Value = Request> {
             temperature: t,
             top_p: p,
             seed,
+            tools,
+            tool_choice: choice.into(),
+            parallel_tool_calls: true,
         },
     )
 }
@@ -100,6 +120,28 @@ fn must_refuse(r: &Request) -> Option<&'static str> {
     }
     if !blank(&r.json_schema) && !blank(&r.grammar) {
         return Some("both a schema and a grammar");
+    }
+    if r.messages.iter().any(|m| m.role == "tool") {
+        // The strategy's turns make no calls, so a tool result answers none.
+        return Some("a tool result that follows no call");
+    }
+    let own_grammar = !blank(&r.json_schema) || !blank(&r.grammar);
+    if !blank(&r.tools) && own_grammar {
+        return Some("tools with a schema or grammar");
+    }
+    let offered: &[&str] = match r.tools.as_str() {
+        t if t == TOOLS[0] => &["navigate_to"],
+        t if t == TOOLS[1] => &["grip"],
+        _ => &[],
+    };
+    if !["", "auto", "none", "required"].contains(&r.tool_choice.as_str())
+        && !blank(&r.tools)
+        && (TOOLS.contains(&r.tools.as_str()) && !offered.contains(&r.tool_choice.as_str()))
+    {
+        return Some("tool_choice naming a function not offered");
+    }
+    if blank(&r.tools) && !["", "auto"].contains(&r.tool_choice.as_str()) {
+        return Some("tool_choice without tools");
     }
     if r.max_new_tokens.is_some_and(|n| !(1..CONTEXT).contains(&n)) {
         return Some("max_new_tokens outside [1, context)");
@@ -182,7 +224,8 @@ fn request_validation() {
         let plain = r.messages.is_empty()
             && r.stop.is_empty()
             && r.json_schema.is_empty()
-            && r.grammar.is_empty();
+            && r.grammar.is_empty()
+            && (r.tools.is_empty() || TOOLS.contains(&r.tools.as_str()));
         if plain && must_refuse(&r).is_none() {
             verdict
                 .as_ref()

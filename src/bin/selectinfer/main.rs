@@ -76,7 +76,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             };
             let turns = conversation(&system, &[], &prompt)?;
             let mut engine = model.spec().load()?;
-            let out = engine.generate_turns(&turns, &opts, |piece| {
+            let out = engine.generate_turns(&turns, &[], &opts, |piece| {
                 if !json {
                     print!("{piece}");
                     let _ = std::io::stdout().flush();
@@ -98,6 +98,9 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             engine: kind,
             prompts_only,
             lenient_calls,
+            min_call_p,
+            min_more_p,
+            min_more_p_later,
             json,
         } => {
             if kind == BenchEngine::CandleGguf && !model.plain() {
@@ -117,6 +120,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
                 },
                 outputs: out.clone(),
                 lenient_calls,
+                call_thresholds: (min_call_p, min_more_p, min_more_p_later),
             };
             if prompts_only {
                 let n = eval::write_prompts(engine.as_ref(), &opts, &out)?;

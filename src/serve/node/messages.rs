@@ -5,6 +5,8 @@
 
 use super::clock::NodeClock;
 use super::pacer::Pacer;
+use crate::engine::text::Message;
+use crate::engine::tool_calls::ToolCall;
 use crate::serve::server::{new_request_id, Reply, Request, TokenSink};
 use r2r::selectinfer_msgs::{msg as si, srv::Generate};
 use r2r::Publisher;
@@ -75,9 +77,35 @@ macro_rules! reply_into {
             tokens_per_s: r.tokens_per_s as f32,
             compute_ratio: r.compute_ratio as f32,
             stop_reason: r.stop_reason.clone(),
+            tool_calls: r.tool_calls.iter().map($crate::serve::node::messages::tool_call_msg).collect(),
             $($field: $value,)*
         }
     }};
+}
+
+/// A call as the interfaces carry it.
+pub(super) fn tool_call_msg(c: &ToolCall) -> si::ToolCall {
+    si::ToolCall {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        arguments: c.arguments.clone(),
+    }
+}
+
+/// A conversation turn from its message.
+pub(super) fn turn(m: &si::ChatMessage) -> Message {
+    Message {
+        tool_calls: m
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+        ..Message::new(&m.role, &m.content)
+    }
 }
 
 pub(super) fn response_msg(r: &Reply, clock: &NodeClock) -> si::Response {
@@ -97,11 +125,14 @@ macro_rules! request_of {
             messages: m
                 .messages
                 .iter()
-                .map(|t| $crate::engine::text::Message::new(&t.role, &t.content))
+                .map($crate::serve::node::messages::turn)
                 .collect(),
             stop: m.stop.clone(),
             json_schema: m.json_schema.clone(),
             grammar: m.grammar.clone(),
+            tools: m.tools.clone(),
+            tool_choice: m.tool_choice.clone(),
+            parallel_tool_calls: m.parallel_tool_calls,
             ..$crate::serve::node::messages::request(
                 &m.request_id,
                 &m.prompt,
