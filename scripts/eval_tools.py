@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "tools_bfcl.dev.jsonl"))
     ap.add_argument("--docs", action="store_true")
+    ap.add_argument("--candidate", action="append", default=[], metavar="LABEL=FLAGS",
+                    help="another configuration of ours, e.g. 'load-only γ0.9=--mode load-only "
+                         "--load-ratio 0.9 --task tools' (repeatable)")
     a = ap.parse_args()
     os.environ.setdefault("SELECTINFER_MODELS", os.path.join(ROOT, "models"))
     os.environ["RAYON_NUM_THREADS"] = str(a.threads)
@@ -71,10 +74,18 @@ def main():
          "--gguf", os.path.join(folder, "model.gguf"), "--prompts", prompts,
          "--max-new-tokens", str(a.max_new_tokens), "--threads", str(a.threads), "--out", llama_out])
     llama = eval_json(a.model, rows, llama_out, a.max_new_tokens, "--lenient-calls")
+    candidates = []
+    for c in a.candidate:
+        label, flags = c.split("=", 1)
+        slug = "".join(ch if ch.isalnum() or ch == "." else "_" for ch in label)
+        rep = eval_json(a.model, rows, os.path.join(work, f"ours-{slug}.{tag}.jsonl"), a.max_new_tokens,
+                        *flags.split())
+        candidates.append({"label": label, "flags": flags, "report": rep})
     result = {"model": a.model, "per_category": a.per_category, "max_new_tokens": a.max_new_tokens,
-              "threads": a.threads, "ours": ours, "llamacpp_lenient": llama,
+              "threads": a.threads, "ours": ours, "llamacpp_lenient": llama, "candidates": candidates,
               "command": f"scripts/eval_tools.py --model {a.model} --per-category {a.per_category} "
-                         f"--max-new-tokens {a.max_new_tokens} --threads {a.threads}"}
+                         f"--max-new-tokens {a.max_new_tokens} --threads {a.threads}"
+                         + "".join(f" --candidate '{c}'" for c in a.candidate)}
     out = os.path.join(ROOT, "docs", "bench", f"tools-{a.model}.json")
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
@@ -91,8 +102,10 @@ def main():
 def render(r):
     head = ["engine"] + CATEGORIES + ["overall", "invalid calls", "decode tok/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, rep in [("ours, dense q4 + preset, calls constrained", r["ours"]),
-                       ("llama.cpp, same GGUF and prompt ids, lenient", r["llamacpp_lenient"])]:
+    runs = [("ours, dense q4 + preset, calls constrained", r["ours"])]
+    runs += [(f"ours, {c['label']} (`{c['flags']}`)", c["report"]) for c in r.get("candidates", [])]
+    runs += [("llama.cpp, same GGUF and prompt ids, lenient", r["llamacpp_lenient"])]
+    for label, rep in runs:
         m = rep["metrics"]
         cells = [label] + [f"{100 * m.get(c, 0):.0f} %" for c in CATEGORIES]
         cells += [f"{100 * m['overall']:.0f} %", f"{m['invalid_calls']:.0f}",

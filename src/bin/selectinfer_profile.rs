@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
+use selectinfer::store::home::{self, Missing};
 use selectinfer::sys::device::WeightDtype;
 use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
 use std::path::PathBuf;
@@ -36,7 +37,7 @@ struct Args {
     /// Profile configuration (YAML); the flags below override it.
     #[arg(long, default_value = "config/profile.yaml")]
     config: PathBuf,
-    /// Model folder.
+    /// A catalog model by name (resolved in the models home) or a model folder.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Ranking file to write.
@@ -97,6 +98,8 @@ fn run(args: Args) -> Result<()> {
         cfg.generated_tokens = g;
     }
     cfg.validate()?;
+    // A catalog name resolves in the models home (prepared on first use).
+    cfg.model = home::resolve(&cfg.model.to_string_lossy(), args.dtype, Missing::Prepare)?.folder;
     let opts = LoadOptions {
         dtype: args.dtype.dtype(),
         quant: args.dtype.quant(),
