@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "tools_bfcl.dev.jsonl"))
     ap.add_argument("--docs", action="store_true")
+    ap.add_argument("--only-candidates", action="store_true",
+                    help="keep ours and llama.cpp from the JSON of an earlier run; run the candidates only")
     ap.add_argument("--candidate", action="append", default=[], metavar="LABEL=FLAGS",
                     help="another configuration of ours, e.g. 'load-only γ0.9=--mode load-only "
                          "--load-ratio 0.9 --task tools' (repeatable)")
@@ -64,6 +66,16 @@ def main():
         for c in CATEGORIES:
             f.write("\n".join(by[c][: a.per_category]) + "\n")
     tag = f"{a.model}.{a.per_category}.{a.max_new_tokens}"
+    out = os.path.join(ROOT, "docs", "bench", f"tools-{a.model}.json")
+    if a.only_candidates:
+        result = json.load(open(out))
+        assert (result["per_category"], result["max_new_tokens"]) == (a.per_category, a.max_new_tokens), \
+            "the earlier run used other rows or tokens"
+        result["candidates"] = run_candidates(a, rows, work, tag)
+        result["command_candidates"] = "scripts/eval_tools.py --only-candidates" + "".join(
+            f" --candidate '{c}'" for c in a.candidate)
+        finish(a, result, out)
+        return
     ours = eval_json(a.model, rows, os.path.join(work, f"ours.{tag}.jsonl"), a.max_new_tokens)
     prompts = os.path.join(work, f"prompts.{tag}.jsonl")
     run([BIN, "eval", "--model", a.model, "--data", rows, "--max-new-tokens", str(a.max_new_tokens),
@@ -74,6 +86,17 @@ def main():
          "--gguf", os.path.join(folder, "model.gguf"), "--prompts", prompts,
          "--max-new-tokens", str(a.max_new_tokens), "--threads", str(a.threads), "--out", llama_out])
     llama = eval_json(a.model, rows, llama_out, a.max_new_tokens, "--lenient-calls")
+    candidates = run_candidates(a, rows, work, tag)
+    result = {"model": a.model, "per_category": a.per_category, "max_new_tokens": a.max_new_tokens,
+              "threads": a.threads, "ours": ours, "llamacpp_lenient": llama, "candidates": candidates,
+              "command": f"scripts/eval_tools.py --model {a.model} --per-category {a.per_category} "
+                         f"--max-new-tokens {a.max_new_tokens} --threads {a.threads}"
+                         + "".join(f" --candidate '{c}'" for c in a.candidate)}
+    finish(a, result, out)
+
+
+def run_candidates(a, rows, work, tag):
+    """Each --candidate LABEL=FLAGS: our eval with those flags."""
     candidates = []
     for c in a.candidate:
         label, flags = c.split("=", 1)
@@ -81,12 +104,11 @@ def main():
         rep = eval_json(a.model, rows, os.path.join(work, f"ours-{slug}.{tag}.jsonl"), a.max_new_tokens,
                         *flags.split())
         candidates.append({"label": label, "flags": flags, "report": rep})
-    result = {"model": a.model, "per_category": a.per_category, "max_new_tokens": a.max_new_tokens,
-              "threads": a.threads, "ours": ours, "llamacpp_lenient": llama, "candidates": candidates,
-              "command": f"scripts/eval_tools.py --model {a.model} --per-category {a.per_category} "
-                         f"--max-new-tokens {a.max_new_tokens} --threads {a.threads}"
-                         + "".join(f" --candidate '{c}'" for c in a.candidate)}
-    out = os.path.join(ROOT, "docs", "bench", f"tools-{a.model}.json")
+    return candidates
+
+
+def finish(a, result, out):
+    """Writes the JSON and prints the table (into BENCHMARKS with --docs)."""
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     table = render(result)

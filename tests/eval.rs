@@ -226,6 +226,38 @@ fn tool_call_rows_are_scored_per_category_with_no_invalid_call() {
     }
     let file = dir.path().join("tools.jsonl");
     std::fs::write(&file, picked.join("\n")).unwrap();
+    // The whole file with --limit 5 takes one row of each category in turn
+    // (it is grouped by category): the same five prompts.
+    let prompts = dir.path().join("prompts.jsonl");
+    let run = Command::new(env!("CARGO_BIN_EXE_selectinfer"))
+        .args(["eval", "--model"])
+        .arg(common::model_dir("smollm2-135m-instruct"))
+        .args([
+            "--data",
+            &data("tools_bfcl.dev.jsonl"),
+            "--limit",
+            "5",
+            "--prompts-only",
+            "--out",
+        ])
+        .arg(&prompts)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ids: Vec<String> = std::fs::read_to_string(&prompts)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+        .collect();
+    let picked_ids: Vec<String> = picked
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+        .collect();
+    assert_eq!(ids, picked_ids);
     let out = dir.path().join("tools.out.jsonl");
     let args = [
         "--data",

@@ -126,6 +126,33 @@ pub(crate) fn tools_prompt_ids(
     tools_prompt(ex)?.ids(codec)
 }
 
+/// `rows` taken one per category in turn (categories in first-seen
+/// order), `limit` of them.
+fn interleaved_by_category(rows: Vec<Example>, limit: usize) -> Vec<Example> {
+    let mut groups: Vec<(String, std::collections::VecDeque<Example>)> = Vec::new();
+    for r in rows {
+        let c = r
+            .fields
+            .get("category")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        match groups.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, g)) => g.push_back(r),
+            None => groups.push((c, [r].into())),
+        }
+    }
+    let mut out = Vec::new();
+    while out.len() < limit && groups.iter().any(|(_, g)| !g.is_empty()) {
+        for (_, g) in groups.iter_mut() {
+            if out.len() < limit {
+                out.extend(g.pop_front());
+            }
+        }
+    }
+    out
+}
+
 /// A tools row's prompt: its `messages` and `functions`.
 fn tools_prompt(ex: &Example) -> Result<Prompt> {
     let turns = serde_json::from_value(ex.fields.get("messages").cloned().unwrap_or_default())
@@ -284,9 +311,16 @@ pub fn score(task: &str, outputs: &[ExampleOutput]) -> Result<BTreeMap<String, f
 
 /// The examples of `opts.data`, their task and their rendered prompts
 /// (every prompt rendered first: a bad template fails before any generation).
+/// Tool-call rows come grouped by category: with a limit they are taken in
+/// turn from each category (`--limit 100` is 20 of each of five).
 fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<Prompt>)> {
-    let examples = data::load_jsonl(&opts.data, opts.limit)?;
-    let task = task_of(&examples, &opts.data)?;
+    let mut examples = data::load_jsonl(&opts.data, opts.limit)?;
+    let mut task = task_of(&examples, &opts.data)?;
+    if let (Some(limit), "tools") = (opts.limit, task.as_str()) {
+        let all = data::load_jsonl(&opts.data, None)?;
+        examples = interleaved_by_category(all, limit);
+        task = task_of(&examples, &opts.data)?;
+    }
     if task == "tools" {
         let prompts = examples
             .iter()
