@@ -2,8 +2,9 @@
 //! [`defaults`]), our engine ([`generate`]: prefill + selection + decode on
 //! the chosen rows), the decode loop any engine shares ([`decode`]),
 //! sampling, the tokenizer/chat-template side ([`text`]), stop strings
-//! ([`stops`]), structured output ([`grammar`]) and the prefix cache
-//! ([`prefix`]), the output vocabulary per request ([`vocab`]).
+//! ([`stops`]), structured output ([`grammar`]), tool calls
+//! ([`tool_calls`], a request's offer of them: [`tool_offer`]) and the
+//! prefix cache ([`prefix`]), the output vocabulary per request ([`vocab`]).
 
 pub mod decode;
 pub mod defaults;
@@ -15,6 +16,7 @@ pub mod spec;
 pub mod stops;
 pub mod text;
 pub mod tool_calls;
+pub mod tool_offer;
 pub mod vocab;
 
 pub use decode::{CallGate, GenerateOptions, Generation, Generator, StopReason};

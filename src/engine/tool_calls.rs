@@ -70,54 +70,6 @@ pub struct Calls {
     pub invalid: usize,
 }
 
-/// What a request offers: its functions, whether and which it must call,
-/// and whether it may make several calls in one turn.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Offer {
-    pub tools: Vec<Tool>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-}
-
-impl Offer {
-    /// From a request's fields: `tools` as JSON text ([`parse_tools`];
-    /// empty = none) and `tool_choice` (`""`/`auto`, `none`, `required` or
-    /// a function's name). Refuses a choice other than `auto` with no
-    /// tools, and a function name not offered.
-    pub fn from_fields(tools: &str, tool_choice: &str, parallel: bool) -> Result<Self> {
-        let tools = match tools.trim() {
-            "" => Vec::new(),
-            text => parse_tools(text)?,
-        };
-        let choice: ToolChoice = tool_choice.parse()?;
-        if tools.is_empty() && !matches!(choice, ToolChoice::Auto) {
-            bail!("tool_choice `{}` needs tools", tool_choice.trim());
-        }
-        if let ToolChoice::Function(name) = &choice {
-            if !tools.iter().any(|t| &t.name == name) {
-                bail!(
-                    "tool_choice `{name}` is not among the tools offered ({})",
-                    tools
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-        }
-        Ok(Self {
-            tools,
-            choice,
-            parallel,
-        })
-    }
-
-    /// Whether calls are to be read from the answer.
-    pub fn calls_wanted(&self) -> bool {
-        !self.tools.is_empty() && self.choice != ToolChoice::None
-    }
-}
-
 /// JSON schema's word for a BFCL/OpenAPI-ish type name, `None` for `any`.
 fn json_type(t: &str) -> Result<Option<&'static str>> {
     Ok(Some(match t {

@@ -8,11 +8,12 @@
 //! ([`EngineSpec::swap_task`]: only the neurons the new plan adds are read).
 //! No ROS in here.
 
+pub use super::request::{Reply, Request};
 use crate::engine::grammar::Grammar;
 use crate::engine::spec::EngineSpec;
 use crate::engine::stops::StopStrings;
-use crate::engine::text::{conversation, Message, TextCodec};
-use crate::engine::tool_calls::{self, Offer, ToolCall};
+use crate::engine::text::{conversation, TextCodec};
+use crate::engine::tool_offer::Offer;
 use crate::engine::{CallGate, Engine, GenerateOptions, Sampling};
 use crate::method::Mode;
 use crate::method::SelectionParams;
@@ -25,76 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
-
-/// One generation request. `None` fields take the server's current defaults.
-#[derive(Debug, Clone, Default)]
-pub struct Request {
-    pub id: String,
-    /// The last user turn (may be empty when `messages` ends with one).
-    pub prompt: String,
-    /// Earlier turns of the conversation (role + content), before `prompt`.
-    pub messages: Vec<Message>,
-    /// Strings at which the answer ends (not part of it).
-    pub stop: Vec<String>,
-    /// A JSON schema the answer must validate under (empty = none).
-    pub json_schema: String,
-    /// A Lark grammar the answer must parse under (empty = none).
-    pub grammar: String,
-    /// Functions the model may call, as JSON text
-    /// ([`tool_calls::parse_tools`]; empty = none).
-    pub tools: String,
-    /// `""`/`auto`, `none`, `required` or a function's name.
-    pub tool_choice: String,
-    /// Whether one turn may make several calls.
-    pub parallel_tool_calls: bool,
-    /// `""` = the server's task when the request is accepted; otherwise one
-    /// of [`Server::tasks`].
-    pub task: String,
-    pub max_new_tokens: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub seed: Option<i64>,
-}
-
-/// The answer to one request.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Reply {
-    pub success: bool,
-    pub error: String,
-    pub request_id: String,
-    pub text: String,
-    pub prompt_tokens: usize,
-    /// Of the prompt tokens, those the prefix cache held.
-    pub cached_prompt_tokens: usize,
-    pub generated_tokens: usize,
-    pub ttft_s: f64,
-    pub tokens_per_s: f64,
-    pub compute_ratio: f64,
-    /// `eos`, `length`, `cancelled`, `stop`, `tool_calls` (ended after
-    /// its calls); empty when `success` is false.
-    pub stop_reason: String,
-    /// The task whose plan answered.
-    pub task: String,
-    /// The calls the answer made (with tools offered); `text` is then the
-    /// answer's text outside them.
-    pub tool_calls: Vec<ToolCall>,
-}
-
-impl Reply {
-    /// A failed request: nothing generated, `error` says why.
-    pub fn error(request_id: &str, error: impl Into<String>) -> Self {
-        Self {
-            success: false,
-            error: error.into(),
-            request_id: request_id.to_string(),
-            ..Default::default()
-        }
-    }
-
-    pub fn cancelled(&self) -> bool {
-        self.stop_reason == "cancelled"
-    }
-}
 
 /// Cancels a request: before it starts (it never runs) or while it runs
 /// (generation stops at the next token).
@@ -359,7 +290,9 @@ impl Server {
     pub fn check_request(&self, r: &Request) -> Result<()> {
         conversation("", &r.messages, &r.prompt)?;
         StopStrings::check(&r.stop)?;
-        if let Some(g) = grammar_of(r, &self.codec)?.1 {
+        let offer = Offer::from_fields(&r.tools, &r.tool_choice, r.parallel_tool_calls)?;
+        let own = Grammar::of_fields(&r.json_schema, &r.grammar)?;
+        if let Some(g) = offer.grammar_with(own, &self.codec)? {
             self.codec.grammars()?.compile(&g)?;
         }
         if !r.task.is_empty() {
@@ -651,22 +584,6 @@ fn worker_loop(
     }
 }
 
-/// A request's tools and the grammar its answer is held to: its JSON
-/// schema or Lark grammar, or its tools' call grammar (not both).
-fn grammar_of(r: &Request, codec: &TextCodec) -> Result<(Offer, Option<Grammar>)> {
-    let offer = Offer::from_fields(&r.tools, &r.tool_choice, r.parallel_tool_calls)?;
-    let own = Grammar::of_fields(&r.json_schema, &r.grammar)?;
-    if offer.tools.is_empty() {
-        return Ok((offer, own));
-    }
-    if own.is_some() {
-        bail!("tools hold the answer to their calls' grammar; give json_schema or grammar only without tools");
-    }
-    let (open, close) = codec.tool_call_markers();
-    let g = tool_calls::grammar(&offer.tools, &offer.choice, offer.parallel, (&open, &close))?;
-    Ok((offer, g))
-}
-
 fn run_request(
     engine: &mut Engine,
     r: &Request,
@@ -674,7 +591,9 @@ fn run_request(
     stop: &dyn Fn() -> bool,
     on_token: &mut TokenSink,
 ) -> Result<Reply> {
-    let (offer, grammar) = grammar_of(r, &engine.codec)?;
+    let offer = Offer::from_fields(&r.tools, &r.tool_choice, r.parallel_tool_calls)?;
+    let own = Grammar::of_fields(&r.json_schema, &r.grammar)?;
+    let grammar = offer.grammar_with(own, &engine.codec)?;
     let opts = GenerateOptions {
         max_new_tokens: r
             .max_new_tokens
@@ -711,34 +630,21 @@ fn run_request(
             r.id
         );
     }
-    let mut stop_reason = g.stop_reason.name().to_string();
-    let (text, tool_calls) = match offer.calls_wanted() {
-        false => (g.text, Vec::new()),
-        true => {
-            let read = tool_calls::read_calls(&g.text, &offer.tools, false);
-            if read.invalid > 0 {
-                // Only a call cut short (length, stop string, cancel) can
-                // fail to read: the raw text goes back, nothing lost.
-                log::warn!(
-                    "request {}: {} call(s) cut short ({stop_reason}); the reply keeps the raw text",
-                    r.id,
-                    read.invalid
-                );
-                (g.text, read.calls)
-            } else {
-                if !read.calls.is_empty() && stop_reason == "eos" {
-                    stop_reason = "tool_calls".into();
-                }
-                (read.content, read.calls)
-            }
-        }
-    };
+    let answer = offer.answer(g.text, g.stop_reason.name());
+    if answer.cut > 0 {
+        log::warn!(
+            "request {}: {} call(s) cut short ({}); the reply keeps the raw text",
+            r.id,
+            answer.cut,
+            answer.stop_reason
+        );
+    }
     Ok(Reply {
         success: true,
         error: String::new(),
         request_id: r.id.clone(),
-        text,
-        tool_calls,
+        text: answer.text,
+        tool_calls: answer.calls,
         prompt_tokens: g.prompt_tokens,
         cached_prompt_tokens: g.cached_prompt_tokens,
         generated_tokens: g.generated_tokens,
@@ -746,6 +652,6 @@ fn run_request(
         tokens_per_s: g.decode_tokens_per_s,
         compute_ratio: g.compute_ratio,
         task: r.task.clone(),
-        stop_reason,
+        stop_reason: answer.stop_reason,
     })
 }

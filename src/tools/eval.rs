@@ -9,7 +9,8 @@
 //! generated, so a run can be inspected while it goes and resumed after an
 //! interruption (examples already in the file are not generated again).
 
-use crate::engine::tool_calls::{self, Offer, Tool, ToolChoice};
+use crate::engine::tool_calls::{self, Tool, ToolChoice};
+use crate::engine::tool_offer::Offer;
 use crate::engine::CallGate;
 use crate::engine::{GenerateOptions, Generation, Generator};
 use crate::tools::bfcl;

@@ -1,10 +1,9 @@
 //! The command line of `selectinfer`: clap's derives, with every default
 //! read from `selectinfer::engine::defaults`.
 
-pub use crate::args::ModelArgs;
+pub use crate::args::{GateArgs, ModelArgs};
 use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
-use selectinfer::engine::CallGate;
 use selectinfer::method::Mode;
 use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::BenchEngine;
@@ -104,17 +103,8 @@ pub enum Command {
         /// our grammar writes.
         #[arg(long)]
         lenient_calls: bool,
-        /// Tool-call rows: no call unless the call marker's share at the
-        /// first token is at least this.
-        #[arg(long, default_value_t = CallGate::MIN_CALL_P)]
-        min_call_p: f32,
-        /// Tool-call rows: after the first call, a second when its share is
-        /// at least this (above 1: the model's arg-max).
-        #[arg(long, default_value_t = CallGate::MIN_MORE_P)]
-        min_more_p: f32,
-        /// Tool-call rows: the same after the second and later calls.
-        #[arg(long, default_value_t = CallGate::MIN_MORE_P_LATER)]
-        min_more_p_later: f32,
+        #[command(flatten)]
+        gate: GateArgs,
         #[arg(long)]
         json: bool,
     },

@@ -98,9 +98,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             engine: kind,
             prompts_only,
             lenient_calls,
-            min_call_p,
-            min_more_p,
-            min_more_p_later,
+            gate,
             json,
         } => {
             if kind == BenchEngine::CandleGguf && !model.plain() {
@@ -120,7 +118,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
                 },
                 outputs: out.clone(),
                 lenient_calls,
-                call_thresholds: (min_call_p, min_more_p, min_more_p_later),
+                call_thresholds: gate.thresholds(),
             };
             if prompts_only {
                 let n = eval::write_prompts(engine.as_ref(), &opts, &out)?;
