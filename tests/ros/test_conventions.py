@@ -24,7 +24,7 @@ from rosgraph_msgs.msg import Clock
 from selectinfer_msgs.srv import Generate
 
 from conftest import NODE_BIN, ROOT, stop_node, wait_ready
-from test_node import call, set_param, spin_until
+from test_node import call, call_again_until_answered, set_param, spin_until
 
 MODEL = str(ROOT / "models" / "smollm2-135m-instruct")
 SIM_START = 1000  # seconds of the simulated clock
@@ -169,7 +169,8 @@ def test_a_respawned_node_keeps_what_was_set_at_runtime(tmp_path, client):
     try:
         wait_ready(proc, log)
         get = client.create_client(GetParameters, f"{fqn}/get_parameters")
-        values = call(client, get, GetParameters.Request(names=["temperature", "max_new_tokens"])).values
+        request = GetParameters.Request(names=["temperature", "max_new_tokens"])
+        values = call_again_until_answered(client, get, request).values
         assert [parameter_value_to_python(v) for v in values] == [0.25, 7], log.read_text()[-2000:]
         assert f"runtime parameters kept in {kept}" in log.read_text()
     finally:

@@ -28,6 +28,21 @@ def call(node, client, request, timeout=120):
     return future.result()
 
 
+def call_again_until_answered(node, client, request, attempts=8, each=15):
+    """An idempotent call to a node that replaced a killed one (kill -9, as
+    respawn follows): the dead server's endpoint stays in the graph for a
+    while, so wait_for_service passes at once and a request sent before the
+    new server is matched is never delivered. Asks again until answered."""
+    for _ in range(attempts):
+        assert client.wait_for_service(timeout_sec=20), "service not available"
+        future = client.call_async(request)
+        rclpy.spin_until_future_complete(node, future, timeout_sec=each)
+        if future.done():
+            return future.result()
+        client.remove_pending_request(future)
+    raise AssertionError(f"no service response in {attempts} attempts of {each} s")
+
+
 def spin_until(node, predicate, timeout=60):
     end = time.time() + timeout
     while time.time() < end:
