@@ -11,7 +11,8 @@ other llama.cpp scripts):
       [--per-category 20] [--max-new-tokens 128] [--threads 2] [--docs]
 
 Rows: the first N of each category of ../shared/data/tools_bfcl.dev.jsonl
-(the file's own order). Writes docs/bench/tools-MODEL.json; --docs rewrites
+(the file's own order), skipping the rows the call gate was tuned on
+(rows 20-39 of each category and irrelevance rows 80-119; EXPERIMENTS.md). Writes docs/bench/tools-MODEL.json; --docs rewrites
 docs/BENCHMARKS.md between its `tools-table` markers. Outputs are kept in
 runs/tools/ and resumed.
 """
@@ -26,6 +27,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "selectinfer")
 CATEGORIES = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
+# Rows (0-based, per category) the call gate's thresholds were tuned on.
+TUNE_ROWS = set(range(20, 40))
+TUNE_ROWS_IRRELEVANCE = TUNE_ROWS | set(range(80, 120))
 
 
 def run(cmd, **kw):
@@ -64,7 +68,10 @@ def main():
     rows = os.path.join(work, f"rows-{a.per_category}.jsonl")
     with open(rows, "w") as f:
         for c in CATEGORIES:
-            f.write("\n".join(by[c][: a.per_category]) + "\n")
+            tune = TUNE_ROWS_IRRELEVANCE if c == "irrelevance" else TUNE_ROWS
+            kept = [r for i, r in enumerate(by[c]) if i not in tune][: a.per_category]
+            assert len(kept) == a.per_category, f"{c}: {len(kept)} rows outside the tuning rows"
+            f.write("\n".join(kept) + "\n")
     tag = f"{a.model}.{a.per_category}.{a.max_new_tokens}"
     out = os.path.join(ROOT, "docs", "bench", f"tools-{a.model}.json")
     if a.only_candidates:

@@ -1,13 +1,15 @@
 //! Planner-facing generation on the real SmolLM2 (q4): output constrained
-//! to a JSON schema or a Lark grammar (llguidance), stop strings, and
-//! conversations with a system turn. The small model's answers are often
-//! wrong; what is checked is that they always parse and validate.
+//! to a JSON schema or a Lark grammar (llguidance), stop strings,
+//! conversations with a system turn, and the tool-call gate taking a call
+//! back. The small model's answers are often wrong; what is checked is
+//! that they always parse and validate.
 
 mod common;
 
 use selectinfer::engine::grammar::Grammar;
 use selectinfer::engine::text::{conversation, Message};
-use selectinfer::engine::{EngineSpec, GenerateOptions, StopReason};
+use selectinfer::engine::tool_offer::Offer;
+use selectinfer::engine::{CallGate, CallThresholds, EngineSpec, GenerateOptions, StopReason};
 use selectinfer::sys::device::WeightDtype;
 
 fn engine() -> selectinfer::engine::Engine {
@@ -170,4 +172,52 @@ fn a_conversation_renders_every_turn_with_the_template() {
         assert!(text.contains(part), "{part} missing from {text}");
     }
     assert!(text.find("Hello Ada.") < text.find("What is my name?"));
+}
+
+/// The call gate's name check on an answer that opens with a call: at 0
+/// the call stands; above 1 (the offered names can never hold that share)
+/// it is taken back before any of it is streamed, and the answer starts
+/// again in text, with no call.
+#[test]
+fn a_call_taken_back_at_its_name_leaves_text_and_streams_none_of_it() {
+    let mut e = engine();
+    let tools = r#"[{"name": "navigate_to", "description": "Drive the robot to a numbered station.",
+        "parameters": {"type": "object", "properties": {"station": {"type": "integer"}},
+                       "required": ["station"]}}]"#;
+    let offer = Offer::from_fields(tools, "auto", false).unwrap();
+    let turns = conversation("", &[], "Drive to station 4.").unwrap();
+    let mut run = |name: f32| {
+        let thresholds = CallThresholds {
+            call: 0.0,
+            name,
+            more: 2.0,
+            more_later: 2.0,
+        };
+        let opts = GenerateOptions {
+            max_new_tokens: 48,
+            grammar: offer.grammar_with(None, &e.codec).unwrap(),
+            call_gate: CallGate::for_offer(&e.codec, &offer, thresholds),
+            ..Default::default()
+        };
+        let mut streamed = String::new();
+        let g = e
+            .generate_turns(&turns, &offer.tools, &opts, |p| {
+                streamed.push_str(p);
+                true
+            })
+            .unwrap();
+        assert_eq!(streamed, g.text, "every piece streamed is the answer's");
+        offer.answer(g.text, g.stop_reason.name())
+    };
+    let called = run(0.0);
+    assert_eq!(called.calls.len(), 1, "{}", called.text);
+    assert_eq!(called.calls[0].name, "navigate_to");
+    let taken_back = run(1.5);
+    assert!(taken_back.calls.is_empty(), "{:?}", taken_back.calls);
+    assert!(!taken_back.text.trim().is_empty());
+    assert!(
+        !taken_back.text.contains("navigate_to"),
+        "{}",
+        taken_back.text
+    );
 }

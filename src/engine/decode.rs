@@ -89,14 +89,43 @@ pub struct GenerateOptions {
     pub call_gate: Option<CallGate>,
 }
 
-/// A small model's two tool-calling decisions, taken by threshold instead
+/// Where a small model's tool-calling decisions are taken by threshold
+/// instead of arg-max ([`CallGate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallThresholds {
+    /// [`CallGate::min_call_p`].
+    pub call: f32,
+    /// [`CallGate::min_name_p`].
+    pub name: f32,
+    /// [`CallGate::min_more_p`].
+    pub more: f32,
+    /// [`CallGate::min_more_p_later`].
+    pub more_later: f32,
+}
+
+impl CallThresholds {
+    /// Tuned on BFCL's dev rows (rows 20-39 of each category, and
+    /// irrelevance rows 80-119 for the name; Qwen2.5-Coder-0.5B q4;
+    /// EXPERIMENTS.md).
+    pub const TUNED: Self = Self {
+        call: 0.65,
+        name: 0.5,
+        more: 5e-5,
+        more_later: 1e-2,
+    };
+}
+
+/// A small model's tool-calling decisions, taken by threshold instead
 /// of arg-max: whether its answer starts with a call (the share, among
 /// the tokens the grammar allows at the first token, of those that open a
 /// call: the `<tool_call>` marker, a fence's backtick, `{`, `[` or white
-/// space, which text may not start with), and after a call, whether
-/// another follows (the share of everything but the end of the turn).
-/// Tuned on BFCL's dev rows (`selectinfer eval --task tools --min-call-p P
-/// --min-more-p P`; EXPERIMENTS.md).
+/// space, which text may not start with); whether that call is one of
+/// those offered (the share of the model's own, unconstrained mass on the
+/// offered names at the name's first token: a model that would name a
+/// function nobody offered is asked for something no tool does, and its
+/// call is taken back); and after a call, whether another follows (the
+/// share of everything but the end of the turn). Tuned on BFCL's dev rows
+/// (`selectinfer eval --task tools --min-call-p P ...`; EXPERIMENTS.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallGate {
     /// The call-open marker's token where it is a special token (Qwen2.5's).
@@ -104,6 +133,10 @@ pub struct CallGate {
     /// At the first token, with text allowed: no call below this share
     /// (0 = never refused).
     pub min_call_p: f32,
+    /// At the name of a call the answer opens with, text allowed: below
+    /// this share the call is taken back and the answer starts again as
+    /// text (0 = never).
+    pub min_name_p: f32,
     /// After the first call, with several allowed: a second at or above
     /// this share, else the end (above 1 = never forced).
     pub min_more_p: f32,
@@ -113,31 +146,55 @@ pub struct CallGate {
 }
 
 impl CallGate {
-    /// The thresholds tuned on BFCL's dev rows (rows 20-39 of each
-    /// category, Qwen2.5-Coder-0.5B q4; EXPERIMENTS.md): overall 0.39
-    /// with the arg-max, 0.58 with these.
-    pub const MIN_CALL_P: f32 = 0.65;
-    pub const MIN_MORE_P: f32 = 5e-5;
-    pub const MIN_MORE_P_LATER: f32 = 1e-2;
-
-    /// The gate of a request offering `offer`, with thresholds `(min_call_p,
-    /// min_more_p, min_more_p_later)`: none when no call is wanted.
-    pub fn for_offer(codec: &TextCodec, offer: &Offer, p: (f32, f32, f32)) -> Option<Self> {
+    /// The gate of a request offering `offer`, with thresholds `t`: none
+    /// when no call is wanted.
+    pub fn for_offer(codec: &TextCodec, offer: &Offer, t: CallThresholds) -> Option<Self> {
         let several = |p: f32| if offer.parallel { p } else { 2.0 };
-        offer.calls_wanted().then_some(Self {
-            open: codec.tool_call_marker_ids().map(|(open, _)| open),
-            min_call_p: if offer.choice == ToolChoice::Auto {
-                p.0
+        let auto = |p: f32| {
+            if offer.choice == ToolChoice::Auto {
+                p
             } else {
                 0.0
-            },
-            min_more_p: several(p.1),
-            min_more_p_later: several(p.2),
+            }
+        };
+        offer.calls_wanted().then_some(Self {
+            open: codec.tool_call_marker_ids().map(|(open, _)| open),
+            min_call_p: auto(t.call),
+            min_name_p: auto(t.name),
+            min_more_p: several(t.more),
+            min_more_p_later: several(t.more_later),
         })
     }
 
-    /// The thresholds tuned on BFCL's dev rows.
-    pub const TUNED: (f32, f32, f32) = (Self::MIN_CALL_P, Self::MIN_MORE_P, Self::MIN_MORE_P_LATER);
+    /// Whether `token` opens a call where an answer starts.
+    fn opens(&self, token: usize, vocab: &Grammars) -> bool {
+        Some(token as u32) == self.open
+            || matches!(
+                vocab.first_bytes().get(token),
+                Some(b'<' | b'`' | b'{' | b'[' | b' ' | b'\t' | b'\n' | b'\r')
+            )
+    }
+
+    /// The share of the softmax of `raw` logits on the tokens `masked`
+    /// keeps finite.
+    fn kept_share(raw: &[f32], masked: &[f32]) -> f32 {
+        let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (mut all, mut kept) = (0f64, 0f64);
+        for (&r, &m) in raw.iter().zip(masked) {
+            if r.is_finite() {
+                let e = ((r - max) as f64).exp();
+                all += e;
+                if m.is_finite() {
+                    kept += e;
+                }
+            }
+        }
+        if all > 0.0 {
+            (kept / all) as f32
+        } else {
+            0.0
+        }
+    }
 
     /// Applies the gate to the grammar-masked `logits` of the next token:
     /// `text` is the answer so far, `vocab` tells each token's first byte
@@ -153,7 +210,6 @@ impl CallGate {
         stop_ids: &[u32],
         no_calls: &mut bool,
     ) {
-        let first_byte = vocab.first_bytes();
         let call_bytes = vocab.call_bytes();
         // Sets the tokens `drop` picks to -inf, unless that leaves none.
         let forbid = |logits: &mut [f32], drop: &dyn Fn(usize) -> bool| {
@@ -196,13 +252,7 @@ impl CallGate {
             return;
         }
         if text.is_empty() {
-            let opens = |i: usize| {
-                Some(i as u32) == self.open
-                    || matches!(
-                        first_byte.get(i),
-                        Some(b'<' | b'`' | b'{' | b'[' | b' ' | b'\t' | b'\n' | b'\r')
-                    )
-            };
+            let opens = |i: usize| self.opens(i, vocab);
             let text_allowed = (0..logits.len()).any(|i| finite(i) && !opens(i));
             if !text_allowed {
                 return;
@@ -256,6 +306,24 @@ pub trait Steps {
     }
     /// Feeds one generated token; returns the next logits.
     fn step(&mut self, token: u32) -> Result<Tensor>;
+    /// Forgets every generated token, back to the end of the prompt
+    /// (`prompt_len` positions), so the answer can start again; false
+    /// where these steps cannot (the answer then stands).
+    fn rewind(&mut self, _prompt_len: usize) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Where the check of the first call's name ([`CallGate::min_name_p`])
+/// stands.
+enum NameCheck {
+    /// Before the first token.
+    Ahead,
+    /// The answer opened with a call: its pieces are held back until the
+    /// name is checked.
+    Holding(Vec<String>),
+    /// Checked, or not wanted.
+    Done,
 }
 
 /// What [`decode_loop`] measured.
@@ -329,13 +397,55 @@ pub fn decode_loop(
     };
     let mut so_far = String::new();
     let mut no_calls = false;
+    let mut name_check = match (&opts.call_gate, &constraint) {
+        (Some(g), Some(_)) if g.min_name_p > 0.0 => NameCheck::Ahead,
+        _ => NameCheck::Done,
+    };
     let start = Instant::now();
     let mut logits = steps.prefill(prompt)?;
+    // The prompt's logits again, should a call be taken back.
+    let first_logits = matches!(name_check, NameCheck::Ahead).then(|| logits.clone());
     let (mut compact_build_s, mut grammar_s) = (0.0, 0.0);
+    let mut built = false;
     let mut generated = Vec::new();
     let mut first_token_at = None;
     let mut stop_reason = StopReason::Length;
     while generated.len() < opts.max_new_tokens {
+        if let (NameCheck::Holding(held), Some(gate), Some(c)) =
+            (&mut name_check, &opts.call_gate, &mut constraint)
+        {
+            if so_far.ends_with(tool_calls::NAME_OPEN) {
+                let t = Instant::now();
+                let masked = c.mask_values(&logits)?;
+                let raw = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+                let p = CallGate::kept_share(&raw, &masked);
+                log::debug!("call gate: p(an offered name) {p:.3e}");
+                let held = std::mem::take(held);
+                name_check = NameCheck::Done;
+                grammar_s += t.elapsed().as_secs_f64();
+                if p < gate.min_name_p && steps.rewind(prompt.len())? {
+                    // Taken back: the answer starts again, in text.
+                    generated.clear();
+                    so_far.clear();
+                    stream = TextStream::new(codec);
+                    if let Some(s) = &mut stops {
+                        *s = StopStrings::new(&opts.stop)?;
+                    }
+                    if let Some(g) = &opts.grammar {
+                        *c = codec.grammars()?.compile(g)?;
+                    }
+                    no_calls = true;
+                    // The first token the caller sees is still to come.
+                    first_token_at = None;
+                    if let Some(l) = &first_logits {
+                        logits = l.clone();
+                    }
+                } else if !held.iter().all(|piece| on_text(piece)) {
+                    stop_reason = StopReason::Cancelled;
+                    break;
+                }
+            }
+        }
         let next = match &mut constraint {
             Some(c) => {
                 let t = Instant::now();
@@ -351,6 +461,14 @@ pub fn decode_loop(
         };
         if first_token_at.is_none() {
             first_token_at = Some(start.elapsed().as_secs_f64());
+        }
+        if let (NameCheck::Ahead, Some(gate), Some(g)) =
+            (&name_check, &opts.call_gate, &gate_grammars)
+        {
+            name_check = match gate.opens(next as usize, g) {
+                true => NameCheck::Holding(Vec::new()),
+                false => NameCheck::Done,
+            };
         }
         if !opts.ignore_eos && stop_ids.contains(&next) {
             stop_reason = StopReason::Eos;
@@ -370,14 +488,22 @@ pub fn decode_loop(
                 Some(s) => s.push(&piece),
                 None => (piece, false),
             };
+            // Held back while a call's name is unchecked.
+            let mut send = |s: &str| match &mut name_check {
+                NameCheck::Holding(held) => {
+                    held.push(s.to_string());
+                    true
+                }
+                _ => on_text(s),
+            };
             if hit {
                 if !shown.is_empty() {
-                    on_text(&shown);
+                    send(&shown);
                 }
                 stop_reason = StopReason::Stop;
                 break;
             }
-            if !shown.is_empty() && !on_text(&shown) {
+            if !shown.is_empty() && !send(&shown) {
                 stop_reason = StopReason::Cancelled;
                 break;
             }
@@ -390,11 +516,18 @@ pub fn decode_loop(
         if generated.len() == opts.max_new_tokens {
             break;
         }
-        if generated.len() == 1 {
+        if !built {
             // Done after the first token is out, so it does not delay it.
             compact_build_s = steps.after_first_token()?;
+            built = true;
         }
         logits = steps.step(next)?;
+    }
+    // Pieces still held (the answer ended before the name): they stand.
+    if let NameCheck::Holding(held) = &mut name_check {
+        for piece in held.drain(..) {
+            on_text(&piece);
+        }
     }
     let text = match &mut stops {
         Some(s) => {
@@ -447,6 +580,7 @@ mod tests {
         let gate = CallGate {
             open: Some(open),
             min_call_p: 0.65,
+            min_name_p: 0.0,
             min_more_p: 1e-4,
             min_more_p_later: 1e-2,
         };

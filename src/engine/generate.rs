@@ -643,7 +643,7 @@ impl Generator for Engine {
     }
 }
 
-/// Our engine's steps: selection at prefill, compact weights after the first token.
+/// Our engine's steps: selection at prefill, compact weights at the first token; rewinds keep both.
 struct EngineSteps<'a> {
     engine: &'a mut Engine,
     /// Holds the reused prefix's positions at the start.
@@ -691,5 +691,9 @@ impl Steps for EngineSteps<'_> {
             Some(mlps) => model.forward_with_mlps(&[token], cache, mlps),
             None => model.forward(&[token], cache),
         }
+    }
+    fn rewind(&mut self, prompt_len: usize) -> Result<bool> {
+        self.cache.rewind(prompt_len);
+        Ok(true)
     }
 }

@@ -19,7 +19,7 @@ pub mod tool_calls;
 pub mod tool_offer;
 pub mod vocab;
 
-pub use decode::{CallGate, GenerateOptions, Generation, Generator, StopReason};
+pub use decode::{CallGate, CallThresholds, GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;
 pub use sampling::Sampling;
 pub use spec::EngineSpec;

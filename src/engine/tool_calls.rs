@@ -16,6 +16,9 @@ use serde_json::{json, Map, Value};
 /// The markers around a call, as Qwen2.5 writes them.
 pub const CALL_OPEN: &str = "<tool_call>";
 pub const CALL_CLOSE: &str = "</tool_call>";
+/// What a call's JSON holds just before the function's name (the grammar
+/// writes `name` first, with these separators).
+pub const NAME_OPEN: &str = "{\"name\": \"";
 
 /// One function a request offers.
 #[derive(Debug, Clone, PartialEq, Serialize)]

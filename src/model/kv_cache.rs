@@ -73,6 +73,12 @@ impl KvCache {
         Ok(())
     }
 
+    /// Forgets the positions from `len` on, keeping the buffers and their
+    /// room: the next positions overwrite them.
+    pub fn rewind(&mut self, len: usize) {
+        self.layers.iter_mut().for_each(|c| c.len = c.len.min(len));
+    }
+
     /// Sizes the buffers for `positions` in all (a request's prompt plus its
     /// `max_new_tokens`): the next append allocates exactly that room once,
     /// instead of growing by [`GROW_BY`] steps, each step a copy of

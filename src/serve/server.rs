@@ -14,7 +14,7 @@ use crate::engine::spec::EngineSpec;
 use crate::engine::stops::StopStrings;
 use crate::engine::text::{conversation, TextCodec};
 use crate::engine::tool_offer::Offer;
-use crate::engine::{CallGate, Engine, GenerateOptions, Sampling};
+use crate::engine::{CallGate, CallThresholds, Engine, GenerateOptions, Sampling};
 use crate::method::Mode;
 use crate::method::SelectionParams;
 use crate::sys::memory;
@@ -606,7 +606,7 @@ fn run_request(
         ignore_eos: false,
         stop: r.stop.clone(),
         grammar,
-        call_gate: CallGate::for_offer(&engine.codec, &offer, CallGate::TUNED),
+        call_gate: CallGate::for_offer(&engine.codec, &offer, CallThresholds::TUNED),
     };
     let turns = conversation(&settings.system_prompt, &r.messages, &r.prompt)?;
     engine.prefix_cache = settings.prefix_cache;

@@ -11,7 +11,7 @@
 
 use crate::engine::tool_calls::{self, Tool, ToolChoice};
 use crate::engine::tool_offer::Offer;
-use crate::engine::CallGate;
+use crate::engine::{CallGate, CallThresholds};
 use crate::engine::{GenerateOptions, Generation, Generator};
 use crate::tools::bfcl;
 use crate::tools::data::{self, Example};
@@ -45,9 +45,8 @@ pub struct EvalOptions {
     /// Tool-call rows: calls read anywhere in the text
     /// ([`tool_calls::read_calls`]'s `lenient`).
     pub lenient_calls: bool,
-    /// Tool-call rows: the [`CallGate`]'s `min_call_p`, `min_more_p` and
-    /// `min_more_p_later`.
-    pub call_thresholds: (f32, f32, f32),
+    /// Tool-call rows: the [`CallGate`]'s thresholds.
+    pub call_thresholds: CallThresholds,
 }
 
 /// One example's result, as stored in the outputs file.
@@ -101,7 +100,7 @@ impl Prompt {
         &self,
         base: &GenerateOptions,
         codec: &crate::engine::text::TextCodec,
-        thresholds: (f32, f32, f32),
+        thresholds: CallThresholds,
     ) -> Result<GenerateOptions> {
         let mut o = base.clone();
         if let Prompt::Tools { tools, .. } = self {

@@ -16,7 +16,7 @@
 //! ([`Candidate::Ours`] with `selection`); [`candidate_spec`] reads the
 //! command line's `--candidate` descriptions.
 
-use crate::engine::{CallGate, Engine, EngineSpec, GenerateOptions};
+use crate::engine::{CallThresholds, Engine, EngineSpec, GenerateOptions};
 use crate::method::params::Score;
 use crate::method::SelectionParams;
 use crate::sys::device::WeightDtype;
@@ -378,7 +378,7 @@ pub fn run_with_progress(
             generate: generate.clone(),
             outputs: PathBuf::new(),
             lenient_calls: false,
-            call_thresholds: CallGate::TUNED,
+            call_thresholds: CallThresholds::TUNED,
         };
         let records: Vec<_> =
             eval::prompts(&reference.codec, reference.model.max_context(), &eval_opts)?

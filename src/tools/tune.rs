@@ -15,7 +15,7 @@
 //!    that keeps `floor` of dense q4's on every task is the preset, with
 //!    its paired-bootstrap interval.
 
-use crate::engine::{CallGate, EngineSpec, GenerateOptions};
+use crate::engine::{CallThresholds, EngineSpec, GenerateOptions};
 use crate::method::Mode;
 use crate::store::preset;
 use crate::tools::eval::{self, EvalOptions, ExampleOutput};
@@ -360,7 +360,7 @@ fn score_outputs(
             },
             outputs: opts.state_dir.join(format!("{slug}.{stem}.jsonl")),
             lenient_calls: false,
-            call_thresholds: CallGate::TUNED,
+            call_thresholds: CallThresholds::TUNED,
         };
         progress(&format!("score: {name} on {stem}, {} rows", opts.rows));
         eval::run(&mut engine, &eo)?;

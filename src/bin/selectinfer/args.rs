@@ -7,7 +7,7 @@ use anyhow::{anyhow, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
 use selectinfer::engine::defaults::CLI;
-use selectinfer::engine::{CallGate, EngineSpec};
+use selectinfer::engine::EngineSpec;
 use selectinfer::method::params::resolve_layers;
 use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
@@ -220,26 +220,5 @@ impl ModelArgs {
             head_screen: self.head_screen,
             head_screen_bits: self.head_screen_bits,
         }
-    }
-}
-
-/// The tool-call rows' [`CallGate`] thresholds.
-#[derive(Args, Debug, Clone, Copy)]
-pub struct GateArgs {
-    /// No call unless the call's share of the first token is at least this.
-    #[arg(long, default_value_t = CallGate::MIN_CALL_P)]
-    pub min_call_p: f32,
-    /// After the first call, a second when its share is at least this
-    /// (above 1: the model's arg-max).
-    #[arg(long, default_value_t = CallGate::MIN_MORE_P)]
-    pub min_more_p: f32,
-    /// The same after the second and later calls.
-    #[arg(long, default_value_t = CallGate::MIN_MORE_P_LATER)]
-    pub min_more_p_later: f32,
-}
-
-impl GateArgs {
-    pub fn thresholds(&self) -> (f32, f32, f32) {
-        (self.min_call_p, self.min_more_p, self.min_more_p_later)
     }
 }

@@ -1,7 +1,8 @@
 //! The command line of `selectinfer`: clap's derives, with every default
 //! read from `selectinfer::engine::defaults`.
 
-pub use crate::args::{GateArgs, ModelArgs};
+pub use crate::args::ModelArgs;
+pub use crate::gate_args::GateArgs;
 use clap::{Parser, Subcommand};
 use selectinfer::engine::defaults::{self, CLI};
 use selectinfer::method::Mode;

@@ -5,6 +5,7 @@
 mod args;
 mod cli;
 mod fidelity_cmd;
+mod gate_args;
 mod tune_cmd;
 use anyhow::{bail, Result};
 use clap::{CommandFactory, FromArgMatches};
