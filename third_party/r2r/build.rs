@@ -75,6 +75,10 @@ fn main() {
             touch(&mark_file);
         } else {
             eprintln!("Used cached files in '{}'", bindgen_dir.display());
+            // The message cfgs are printed while generating; a cache hit
+            // must print them too, or the code behind them (the time source
+            // on `r2r__rosgraph_msgs__msg__Clock`) is compiled out.
+            print_msg_cfgs();
         }
 
         copy_files(&bindgen_dir, &out_dir);
@@ -83,6 +87,20 @@ fn main() {
         {
             fs::create_dir_all(&save_dir).unwrap();
             copy_files(&bindgen_dir, &save_dir);
+        }
+    }
+}
+
+/// `cargo:rustc-cfg=r2r__MODULE__PREFIX__NAME` for every wanted message,
+/// service and action, as [`generate_bindings`] prints them.
+#[cfg(not(feature = "doc-only"))]
+fn print_msg_cfgs() {
+    let msg_list = r2r_common::get_wanted_messages();
+    for (module, prefixes) in r2r_common::as_map(&msg_list) {
+        for (prefix, names) in prefixes {
+            for name in names {
+                println!("cargo:rustc-cfg=r2r__{}__{}__{}", module, prefix, name);
+            }
         }
     }
 }
