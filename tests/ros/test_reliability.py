@@ -2,7 +2,7 @@
 other teams' nodes are) with ROS's default client QoS keep 10 calls in
 flight against a queue of 8; every call gets its reply: an answer, or a
 rejection that says why. Without the node's reply pacing a default-QoS
-client loses replies to the others' burst (scripts/reply_loss_repro.py
+client loses replies to the others' burst (lab/scripts/dds_reply_burst.py
 shows it with a plain rclpy server). By hand, the A/B against an unpaced
 node: SELECTINFER_REPLY_PACE_MS=0 python -m pytest tests/ros/test_reliability.py -s
 (it then fails, printing how many replies were lost)."""

@@ -106,7 +106,7 @@ pub struct MethodArgs {
     #[arg(skip)]
     pub dense: Vec<usize>,
     /// Per layer, its share of the neurons φ leaves out (one weight per
-    /// layer, comma-separated; `scripts/layer_scan.sh` calibrates them);
+    /// layer, comma-separated; `lab/scripts/layer_scan.sh` calibrates them);
     /// none = an even split.
     #[arg(long, value_delimiter = ',')]
     pub layer_drop: Vec<f64>,

@@ -3,7 +3,7 @@
 //! of them, so a burst (a full queue rejecting a wave of calls at once)
 //! cannot overflow the clients' reply history.
 //!
-//! Why (measured with `scripts/reply_loss_repro.py`, a plain rclpy server,
+//! Why (measured with `lab/scripts/dds_reply_burst.py`, a plain rclpy server,
 //! no selectinfer code): Fast DDS delivers every reply of a service to
 //! every client's reader, and rmw filters by client only when rclpy takes
 //! it; a client with ROS's default QoS (KEEP_LAST 10) whose executor is a

@@ -144,7 +144,7 @@ pub const PARAMETERS: &[Spec] = &[
     ),
     spec(
         "layer_drop",
-        "per layer, its share of the neurons phi leaves out (one weight per layer; scripts/layer_scan.sh calibrates them); [] = even (load-time)",
+        "per layer, its share of the neurons phi leaves out (one weight per layer; lab/scripts/layer_scan.sh calibrates them); [] = even (load-time)",
         false,
         Values::Any,
     ),

@@ -6,7 +6,7 @@ provenance, written by `store::quantize`).
 
 Usage (from the repository root, models prepared in $SELECTINFER_MODELS,
 else ./models):
-  python3 scripts/qfile_sizes.py [--models NAME ...] [--docs]
+  python3 lab/scripts/qfile_sizes.py [--models NAME ...] [--docs]
 
 Writes docs/bench/qfile-sizes.json and prints one markdown table per model;
 --docs also rewrites docs/BENCHMARKS.md between its `qfile-sizes` markers.
@@ -19,7 +19,7 @@ import os
 import re
 import struct
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
 
 # Bits per weight of ggml's block formats (block bytes * 8 / block weights).
@@ -117,7 +117,7 @@ def main():
     result = {n: sizes(os.path.join(home, n)) for n in args.models}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    lines = ["Command: `python3 scripts/qfile_sizes.py --docs` (figures: "
+    lines = ["Command: `python3 lab/scripts/qfile_sizes.py --docs` (figures: "
              f"`{os.path.relpath(args.out, ROOT)}`; bytes from bits per weight, headers and "
              "padding aside).", ""]
     for n in args.models:

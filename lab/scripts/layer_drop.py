@@ -3,14 +3,14 @@
 sensitivity scan on calibration prompts (TEAL-style allocation, arXiv
 2408.14690, in closed form).
 
-The scan (`scripts/layer_scan.sh`) runs one fidelity candidate per layer:
+The scan (`lab/scripts/layer_scan.sh`) runs one fidelity candidate per layer:
 that layer alone at a low φ, every other layer whole. Its mean KL is the
 layer's sensitivity s_l. With KL_l(u) ≈ s_l·u^p for a dropped share u, the
 least total KL for a fixed total drop gives u_l ∝ s_l^(-1/(p-1)) = s_l^-β;
 the weights are u_l over their mean across the sparse layers (so φ's total
 is kept), each layer dropping at most MAX_DROP of its width at the given φ.
 
-Usage: scripts/layer_drop.py SCAN.json [--beta B] [--phi PHI] [--dense 0,23]
+Usage: lab/scripts/layer_drop.py SCAN.json [--beta B] [--phi PHI] [--dense 0,23]
 Prints the weights, `:`-separated (fidelity's `drop=`), and as a YAML list.
 """
 import argparse

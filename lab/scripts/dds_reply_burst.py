@@ -4,7 +4,7 @@ processes, no model, no selectinfer code: the burst the node produces when
 a full queue rejects most of a wave of calls.
 
     source .ros/env.sh
-    python scripts/reply_loss_repro.py [--clients 8] [--inflight 10]
+    python lab/scripts/dds_reply_burst.py [--clients 8] [--inflight 10]
         [--server-depth 1000] [--client-depth 10] [--burst all|each]
         [--rounds 3] [--pace-ms 0]
 

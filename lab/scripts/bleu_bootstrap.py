@@ -5,7 +5,7 @@ by id). Prints the retention, its 95 % interval and how often it reaches
 90 %. Inputs are `selectinfer eval --out` files.
 
     pip install sacrebleu==2.4.3
-    scripts/bleu_bootstrap.py DENSE.jsonl SYSTEM.jsonl [SYSTEM.jsonl ...]
+    lab/scripts/bleu_bootstrap.py DENSE.jsonl SYSTEM.jsonl [SYSTEM.jsonl ...]
 """
 import json
 import random

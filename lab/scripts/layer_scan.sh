@@ -3,11 +3,11 @@
 # the layers) for a model: one fidelity candidate per layer, that layer alone
 # at phi 0.4 (coreinfer, wina) and every other layer whole, on calibration
 # prompts (dev rows SKIP.. of each task, not the rows RESULTS.md compares
-# on), then scripts/layer_drop.py turns the layers' KL into weights.
-# Usage: scripts/layer_scan.sh [MODEL_DIR] [LIMIT] [OUT_JSON]
+# on), then lab/scripts/layer_drop.py turns the layers' KL into weights.
+# Usage: lab/scripts/layer_scan.sh [MODEL_DIR] [LIMIT] [OUT_JSON]
 # Run by hand (Qwen 0.5B f16, 4 prompts per task: ~12 min on 2 cores).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/qwen2.5-coder-0.5b-instruct}; LIMIT=${2:-4}
 OUT=${3:-docs/fidelity/$(basename "$MODEL")-layer-scan.json}
 DTYPE=${DTYPE:-f16}; SKIP=${SKIP:-8}; BETA=${BETA:-0.67}; PHI=${PHI:-0.65}
@@ -22,4 +22,4 @@ mkdir -p "$(dirname "$OUT")"
 cargo build --release --bin selectinfer
 target/release/selectinfer fidelity --model "$MODEL" --dtype "$DTYPE" --reference-dtype "$DTYPE" \
   --skip "$SKIP" --limit "$LIMIT" --tokens 32 "${C[@]}" --json > "$OUT"
-scripts/layer_drop.py "$OUT" --beta "$BETA" --phi "$PHI" --dense "0,$((LAYERS - 1))"
+lab/scripts/layer_drop.py "$OUT" --beta "$BETA" --phi "$PHI" --dense "0,$((LAYERS - 1))"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Accuracy, speed and memory of the engine modes on the three dev tasks.
-# Usage: scripts/eval_modes.sh MODEL_DIR LIMIT OUT_DIR [extra flags for every run]
+# Usage: lab/scripts/eval_modes.sh MODEL_DIR LIMIT OUT_DIR [extra flags for every run]
 # CONFIGS (env) lists "mode:φ" entries; the default is the issue's set:
 # dense, load-only γ=0.7, selectinfer γ=0.7 φ∈{0.3,0.4,0.5}, coreinfer φ=0.4,
 # random-load γ=0.7 φ=0.4 (δ=0.2, α=0.2, layers 0 and last dense unless the
@@ -9,7 +9,7 @@
 # Per-example outputs go to
 # OUT_DIR/<mode>-<φ>.<task>.jsonl (resumable); prints a markdown table.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/smollm2-135m-instruct}; LIMIT=${2:-100}; OUT=${3:-runs/eval}
 shift 3 || true
 CONFIGS=${CONFIGS:-"dense:1 load-only:0.7 selectinfer:0.3 selectinfer:0.4 selectinfer:0.5 coreinfer:0.4 random-load:0.4"}

@@ -5,10 +5,10 @@
 # next to candle's quantized GGUF model (the same blocks) on the translation
 # prompts (candle's Q4_1 dot is its scalar one: a 500-token summarization
 # prompt takes it minutes).
-# Usage: scripts/fidelity_quant.sh [MODEL_DIR] [LIMIT] [TOKENS] [GGUF_LIMIT]
+# Usage: lab/scripts/fidelity_quant.sh [MODEL_DIR] [LIMIT] [TOKENS] [GGUF_LIMIT]
 # Writes docs/bench/fidelity-<model>.json, ...-gguf.json and prints the tables.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/smollm2-135m-instruct}
 LIMIT=${2:-20}
 TOKENS=${3:-32}

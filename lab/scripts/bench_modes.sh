@@ -2,9 +2,9 @@
 # Decode speed, TTFT, peak RSS, RSS after the runs (engine loaded, last
 # prompt's decode weights built) and bytes/token of every engine mode on one
 # model, one process per mode, one after another (same prompts, 64 tokens).
-# Usage: scripts/bench_modes.sh [MODEL_DIR] [extra bench flags...]
+# Usage: lab/scripts/bench_modes.sh [MODEL_DIR] [extra bench flags...]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/smollm2-135m-instruct}
 shift || true
 BIN=${BIN:-target/release/selectinfer}

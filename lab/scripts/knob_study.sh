@@ -2,8 +2,8 @@
 # The knob study of docs/RESULTS.md: selectinfer at the issue's operating point
 # (γ=0.7, δ=0.2, φ=0.4, α=0.2, first and last layer dense) with one knob moved
 # at a time. Each knob gets its own folder OUT_ROOT/<knob> (resumable, like
-# scripts/eval_modes.sh, which runs every configuration) and its own table.
-# Usage: scripts/knob_study.sh MODEL_DIR LIMIT OUT_ROOT [knob ...]
+# lab/scripts/eval_modes.sh, which runs every configuration) and its own table.
+# Usage: lab/scripts/knob_study.sh MODEL_DIR LIMIT OUT_ROOT [knob ...]
 # A knob may end in @φ to run at another compute ratio (e.g. dense6@0.3: six
 # dense layers at the operating point's overall compute).
 # Knobs (default: all): alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6,
@@ -13,7 +13,7 @@
 # instead of 8 (`selectinfer_profile --generated-tokens N --output
 # rankings/<model>.gen<N>.ranking.safetensors` writes it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/smollm2-135m-instruct}; LIMIT=${2:-100}; ROOT=${3:-runs/knobs}
 shift 3 || true
 KNOBS=${*:-"alpha0.5 alpha0.1 delta0.1 delta0.3 gamma0.9 dense6 heldout"}
@@ -32,6 +32,6 @@ for knob in $KNOBS; do
   esac
   mkdir -p "$ROOT/$knob"
   echo "## $knob (${env[*]} ${extra[*]})"
-  env "${env[@]}" CONFIGS="selectinfer:$phi" scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" "${extra[@]}" \
+  env "${env[@]}" CONFIGS="selectinfer:$phi" lab/scripts/eval_modes.sh "$MODEL" "$LIMIT" "$ROOT/$knob" "${extra[@]}" \
     | tee "$ROOT/$knob/table.md"
 done

@@ -4,10 +4,10 @@
 # growing), then the γ the plan chose, its expected peak and the measured
 # peak RSS (VmHWM). Prints a markdown table.
 #
-#   scripts/budget_table.sh "MODEL DTYPE MODE B1 B2 B3" ...
-#   scripts/budget_table.sh "models/smollm2-135m-instruct f16 load-only 250 290 330"
+#   lab/scripts/budget_table.sh "MODEL DTYPE MODE B1 B2 B3" ...
+#   lab/scripts/budget_table.sh "models/smollm2-135m-instruct f16 load-only 250 290 330"
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release/selectinfer}
 PROMPT=$(python3 -c "print('The robot drove along the corridor and checked each door of the lab. ' * 25 + 'Which doors did the robot check?')")
 echo "| model | dtype | mode | budget MiB | γ chosen | expected peak MiB | measured peak RSS MiB | prompt tokens |"

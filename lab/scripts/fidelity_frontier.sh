@@ -3,10 +3,10 @@
 # instrument (docs/RESULTS.md, "Selection methods"): every method at several
 # budgets against dense at the same dtype, same prompts, one run; then the
 # plot (selectinfer_plot, feature `plot`).
-# Usage: scripts/fidelity_frontier.sh [MODEL_DIR] [LIMIT] [OUT_JSON]
+# Usage: lab/scripts/fidelity_frontier.sh [MODEL_DIR] [LIMIT] [OUT_JSON]
 # Run by hand (Qwen 0.5B f16, 8 prompts per task: ~40 min on 2 cores).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODEL=${1:-models/qwen2.5-coder-0.5b-instruct}; LIMIT=${2:-8}
 OUT=${3:-docs/fidelity/$(basename "$MODEL")-f16.json}
 DTYPE=${DTYPE:-f16}

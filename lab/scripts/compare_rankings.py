@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much two ranking files agree: per task (and model-wide), the mean and
 minimum over layers of the Jaccard overlap of the top 20% and top 70% neurons.
-Usage: scripts/compare_rankings.py A.ranking.safetensors B.ranking.safetensors
+Usage: lab/scripts/compare_rankings.py A.ranking.safetensors B.ranking.safetensors
 (plain Python: reads the safetensors header and the u32 `order.*` tensors).
 """
 import json, struct, array, sys
