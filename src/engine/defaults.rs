@@ -5,7 +5,6 @@
 
 use super::decode::GenerateOptions;
 use super::sampling::Sampling;
-use super::spec::EngineSpec;
 use crate::method::params::Score;
 use crate::method::vocab::VocabRule;
 use crate::method::{Mode, SelectionParams};
@@ -13,7 +12,6 @@ use crate::model::head_screen::ScreenBits;
 use crate::model::{FfnRows, LoadOptions};
 use crate::sys::device::WeightDtype;
 use candle_core::Device;
-use std::path::PathBuf;
 
 /// The settings a front end starts from when it is told nothing.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -189,25 +187,6 @@ impl Defaults {
         }
     }
 
-    /// The engine these defaults describe.
-    pub fn engine_spec(&self) -> EngineSpec {
-        EngineSpec {
-            model: PathBuf::from(self.model),
-            dtype: self.dtype,
-            device: self.device.into(),
-            mode: self.mode,
-            ranking: None,
-            params: self.selection_params(),
-            plan_seed: self.plan_seed,
-            prefill_chunk: self.prefill_chunk,
-            max_context: self.max_context,
-            memory_budget_mb: self.memory_budget_mb,
-            vocab: self.vocab,
-            head_screen: self.head_screen,
-            head_screen_bits: self.head_screen_bits,
-        }
-    }
-
     pub fn sampling(&self) -> Sampling {
         Sampling {
             temperature: self.temperature,
@@ -217,20 +196,11 @@ impl Defaults {
     }
 }
 
-/// The dtype of the library's own `Default`s ([`EngineSpec`],
+/// The dtype of the library's own `Default`s ([`super::EngineSpec`],
 /// [`LoadOptions`]): the weights as stored, which every model folder has (a
 /// synthetic one has no q4 file). The front ends, CLI and node, default to
 /// [`CLI`]'s q4.
 pub const LIBRARY_DTYPE: WeightDtype = WeightDtype::F32;
-
-impl Default for EngineSpec {
-    fn default() -> Self {
-        EngineSpec {
-            dtype: LIBRARY_DTYPE,
-            ..CLI.engine_spec()
-        }
-    }
-}
 
 impl Default for Sampling {
     fn default() -> Self {

@@ -3,6 +3,7 @@
 //! node and the tools, so all build the same engine from the same settings
 //! (its defaults: [`super::defaults`]).
 
+use super::defaults::{Defaults, CLI, LIBRARY_DTYPE};
 use super::generate::Engine;
 use super::text::TextCodec;
 use crate::method::budget::MemoryPlan;
@@ -240,5 +241,35 @@ impl EngineSpec {
             max_context: self.max_context,
             ..Default::default()
         })
+    }
+}
+
+impl Defaults {
+    /// The engine these defaults describe.
+    pub fn engine_spec(&self) -> EngineSpec {
+        EngineSpec {
+            model: PathBuf::from(self.model),
+            dtype: self.dtype,
+            device: self.device.into(),
+            mode: self.mode,
+            ranking: None,
+            params: self.selection_params(),
+            plan_seed: self.plan_seed,
+            prefill_chunk: self.prefill_chunk,
+            max_context: self.max_context,
+            memory_budget_mb: self.memory_budget_mb,
+            vocab: self.vocab,
+            head_screen: self.head_screen,
+            head_screen_bits: self.head_screen_bits,
+        }
+    }
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        EngineSpec {
+            dtype: LIBRARY_DTYPE,
+            ..CLI.engine_spec()
+        }
     }
 }

@@ -5,6 +5,7 @@ use super::portable;
 use super::spin_pool::{DisjointSlice, SpinPool};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
+use super::StridedRows;
 use candle_core::{Layout, Result};
 
 /// Attention of one query token over the cached keys/values: `q` of
@@ -68,10 +69,6 @@ pub fn decode_attention(
     });
     Ok(out)
 }
-
-/// Rows of a strided f32 matrix: the data, where row 0 starts, and the
-/// distance between rows (a KV-cache view of one kv head).
-pub(crate) type StridedRows<'a> = (&'a [f32], usize, usize);
 
 /// Portable form of `x86::attend_head_f32`: one query head's attention.
 fn attend_head(

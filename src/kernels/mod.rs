@@ -22,6 +22,8 @@
 //! threads wait. Other devices use candle's ops.
 
 mod attention;
+pub mod blocks;
+pub(crate) mod cpu_features;
 pub mod exp;
 pub mod gather;
 pub mod gemm;
@@ -61,6 +63,11 @@ pub use norm::rms_norm_row;
 pub use rope::rope_row;
 
 use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+
+/// Rows of a strided f32 matrix: the data, where row 0 starts, and the
+/// distance between rows (a KV-cache view of one kv head), as the decode
+/// attention and its back ends pass them.
+pub(crate) type StridedRows<'a> = (&'a [f32], usize, usize);
 use half::f16;
 
 /// A CPU weight matrix's data, by dtype.
@@ -136,6 +143,47 @@ pub fn with_weight<R>(t: &Tensor, f: impl FnOnce(Weight<'_>) -> Result<R>) -> Re
 
 #[cfg(test)]
 pub(crate) mod test_data {
+    use super::blocks::{f16_at, QFormat, QK};
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
+
+    pub const ALL: [QFormat; 4] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
+
+    /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's port).
+    pub fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
+        let t = Tensor::from_slice(w, (w.len() / cols, cols), &Device::Cpu).unwrap();
+        QTensor::quantize(&t, f.ggml())
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec()
+    }
+
+    /// A plain loop: block `b` of a row, dequantized one weight at a time.
+    pub fn plain_dequantize(f: QFormat, row: &[u8]) -> Vec<f32> {
+        let mut out = Vec::new();
+        for b in row.chunks_exact(f.block_bytes()) {
+            let d = f16_at(b, 0);
+            for i in 0..QK {
+                let nib = |qs: &[u8]| {
+                    let byte = qs[i % 16];
+                    (if i < 16 { byte & 15 } else { byte >> 4 }) as i32
+                };
+                out.push(match f {
+                    QFormat::Q8_0 => d * (b[2 + i] as i8) as f32,
+                    QFormat::Q4_0 => d * (nib(&b[2..]) - 8) as f32,
+                    QFormat::Q4_1 => d * nib(&b[4..]) as f32 + f16_at(b, 2),
+                    QFormat::Q5_0 => {
+                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                        let hi = ((qh >> i) & 1) as i32;
+                        d * ((nib(&b[6..]) | hi << 4) - 16) as f32
+                    }
+                });
+            }
+        }
+        out
+    }
+
     pub fn reference_matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
         w.chunks(x.len())
             .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())

@@ -17,9 +17,7 @@
 //! loads as they lie (a shuffle and two register moves fewer per group:
 //! `Q5_0` dots 8–10 % faster in L2, docs/EXPERIMENTS.md, "A later run, and Q5_0's fifth bits as masks").
 
-use super::quant::{dot, Q8Act, QFormat, QK};
-#[cfg(target_arch = "x86_64")]
-use super::x86_vnni_planar;
+use super::blocks::QFormat;
 
 /// How a row's blocks are stored in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,11 +47,8 @@ pub const fn fields(format: QFormat) -> &'static [(usize, usize)] {
 /// be gathered back into blocks for every product), unless
 /// `SELECTINFER_ROWS=blocks` asks for whole blocks (to compare the two).
 pub fn preferred() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if super::x86_vnni::available() {
-        return std::env::var("SELECTINFER_ROWS").map_or(true, |v| v != "blocks");
-    }
-    false
+    super::cpu_features::avx512_vnni()
+        && std::env::var("SELECTINFER_ROWS").map_or(true, |v| v != "blocks")
 }
 
 /// Where block `i`'s piece of field `(off, len)` lies in a planar row of
@@ -125,76 +120,11 @@ pub fn make_planar(format: QFormat, cols: usize, rows: &mut [u8]) {
     }
 }
 
-/// `row · x` for a planar row.
-#[inline]
-pub fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if x.has_planar() {
-        // SAFETY: `x` was quantized with the planar arrays, which happens
-        // only where the AVX-512 VNNI kernels run; the row holds
-        // `x.len() / 32` blocks (checked by the callers).
-        return unsafe { x86_vnni_planar::dot(format, row, x) };
-    }
-    dot(format, &blocks(format, row), x)
-}
-
-/// `(r0 · x, r1 · x)` for two planar rows (a neuron's gate and up).
-#[inline]
-pub fn dot2_planar(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
-    #[cfg(target_arch = "x86_64")]
-    if x.has_planar() {
-        // SAFETY: as in `dot_planar`.
-        return unsafe { x86_vnni_planar::dot2(format, r0, r1, x) };
-    }
-    (dot_planar(format, r0, x), dot_planar(format, r1, x))
-}
-
-/// `[row · x[t]]` for four tokens' activations and a planar row.
-#[inline]
-pub fn dot4_planar(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    if xs.iter().all(|x| x.has_planar()) {
-        // SAFETY: as in `dot_planar`.
-        return unsafe { x86_vnni_planar::dot4(format, row, xs) };
-    }
-    xs.map(|x| dot_planar(format, row, x))
-}
-
-/// A planar row gathered back into whole blocks (the slow path for CPUs
-/// without planar kernels; rows are made planar only where they run).
-fn blocks(format: QFormat, row: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; row.len()];
-    to_blocks(format, row, &mut out);
-    out
-}
-
-/// The activations' planar arrays ([`Q8Act`]'s `qn`, `d16`, `corr16`) for
-/// `q`, `d` and the blocks' `Σq`: per group of four blocks, their weights
-/// 0–15 then 16–31 (as a planar row's low and high nibbles unpack), each
-/// block's `d` over its four i32 lanes, and `-Σq` in the first of them; a
-/// last group of fewer blocks padded with zeros.
-pub(super) fn planar_acts(q: &[i8], d: &[f32], sums: &[i32]) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
-    let groups = d.len().div_ceil(4);
-    let mut qn = vec![0; groups * 4 * QK];
-    let mut d16 = vec![0.0; groups * 16];
-    let mut corr16 = vec![0; groups * 16];
-    for (b, &db) in d.iter().enumerate() {
-        let (g, j) = (b / 4, b % 4);
-        for (h, half) in [0..QK / 2, QK / 2..QK].into_iter().enumerate() {
-            let at = g * 4 * QK + h * 2 * QK + j * QK / 2;
-            qn[at..at + QK / 2].copy_from_slice(&q[b * QK..][half]);
-        }
-        d16[16 * g + 4 * j..][..4].fill(db);
-        corr16[16 * g + 4 * j] = -sums[b];
-    }
-    (qn, d16, corr16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::tests::{plain_dequantize, quantize_rows, ALL};
-    use crate::kernels::test_data::data;
+    use crate::kernels::blocks::QK;
+    use crate::kernels::test_data::{data, quantize_rows, ALL};
 
     #[test]
     fn planar_rows_hold_the_same_bytes_and_come_back_whole() {
@@ -224,50 +154,6 @@ mod tests {
                 let mut rows = [row.clone(), row.clone()].concat();
                 make_planar(f, k, &mut rows);
                 assert_eq!(rows, [p.clone(), p].concat());
-            }
-        }
-    }
-
-    #[test]
-    fn planar_dots_match_plain_loops_and_each_other_at_odd_lengths() {
-        for blocks in [1, 2, 3, 4, 5, 17, 18, 28, 29] {
-            let k = blocks * QK;
-            let xs: Vec<Q8Act> = (0..4).map(|t| Q8Act::quantize(&data(k, 30 + t))).collect();
-            for f in ALL {
-                let rows = [
-                    quantize_rows(&data(k, 3), k, f),
-                    quantize_rows(&data(k, 4), k, f),
-                ];
-                let planar = rows.clone().map(|r| {
-                    let mut p = vec![0u8; r.len()];
-                    to_planar(f, &r, &mut p);
-                    p
-                });
-                for x in &xs {
-                    let xd: Vec<f32> = (0..k).map(|i| x.q[i] as f32 * x.d[i / QK]).collect();
-                    let one = planar.clone().map(|p| dot_planar(f, &p, x));
-                    for (r, got) in rows.iter().zip(one) {
-                        let want: f64 = plain_dequantize(f, r)
-                            .iter()
-                            .zip(&xd)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum();
-                        let tol = 1e-4 * (1.0 + want.abs());
-                        assert!(
-                            (got as f64 - want).abs() < tol,
-                            "{f} {blocks}: {got} vs {want}"
-                        );
-                    }
-                    let two = dot2_planar(f, &planar[0], &planar[1], x);
-                    assert_eq!(
-                        [two.0, two.1],
-                        one,
-                        "{f} {blocks}: dot2 is dot's to the bit"
-                    );
-                }
-                let four = dot4_planar(f, &planar[0], [&xs[0], &xs[1], &xs[2], &xs[3]]);
-                let one: Vec<f32> = xs.iter().map(|x| dot_planar(f, &planar[0], x)).collect();
-                assert_eq!(four.to_vec(), one, "{f} {blocks}: dot4 is dot's to the bit");
             }
         }
     }

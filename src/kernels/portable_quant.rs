@@ -4,7 +4,7 @@
 //! compiler vectorises for any target (NEON's widening multiplies on
 //! aarch64). Formats: [`super::quant`].
 
-use super::quant::{f16_at, Q8Act, QFormat, QK};
+use super::blocks::{f16_at, Q8Act, QFormat, QK};
 
 /// A block's 32 quantized weights as integers, and the `(scale, offset)`
 /// that turn `q` into `scale·q + offset`.

@@ -23,12 +23,10 @@
 //! neurons. [`axpy_tile_portable`] is the reference; the AVX-512 VNNI
 //! kernel equals it to the bit for finite scales.
 
-use super::quant::{f16_at, QFormat, QK};
+pub use super::blocks::QUAD;
+use super::blocks::{f16_at, QFormat, QK};
 #[cfg(target_arch = "x86_64")]
 use super::x86_vnni_quads;
-
-/// Neurons per quad.
-pub const QUAD: usize = 4;
 
 /// True when bundles with `Q8_0` down rows should be stored in quads: the
 /// CPU runs the AVX-512 VNNI kernels (elsewhere the portable product is
@@ -206,7 +204,7 @@ pub fn axpy_tile_portable(a: [f32; QUAD], tile: &[u8], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::tests::{plain_dequantize, quantize_rows};
+    use crate::kernels::test_data::{plain_dequantize, quantize_rows};
 
     /// Four bundles of `gate_up` bytes (numbered) and a real `Q8_0` down
     /// row of `blocks` blocks each.

@@ -9,75 +9,14 @@
 //! with VNNI: Zen 4, Ice Lake and later; `x86_vnni_planar` for planar
 //! rows), `x86_quant` (AVX2/FMA/F16C) and `portable_quant` (every other
 //! target; NEON on aarch64 by the compiler).
-//!
-//! Every block holds 32 weights and an f16 scale `d` (`Q4_1` also an f16
-//! minimum `m`). A weight is `d·q` for `Q8_0` (`q` an i8), `d·(q-8)` for
-//! `Q4_0` (`q` a nibble), `d·q + m` for `Q4_1`, and `d·(q-16)` for `Q5_0`
-//! (`q` a nibble plus a fifth bit). Nibble `j` of byte `j` is weight `j`,
-//! its high nibble weight `j+16`; `Q5_0`'s fifth bits are one u32, bit
-//! `i` for weight `i`.
+//! The formats themselves are [`super::blocks`].
 
+pub use super::blocks::{Q8Act, QFormat, QK};
 use super::planar::{self, RowForm};
 use super::portable_quant;
 use super::spin_pool::{DisjointSlice, SpinPool};
 #[cfg(target_arch = "x86_64")]
-use super::{x86_quant, x86_vnni};
-
-/// Weights per block.
-pub const QK: usize = 32;
-
-/// A block format, as ggml names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QFormat {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-}
-
-crate::sys::named::impl_named!(QFormat, "block format", {
-    Q4_0 => "q4_0", Q4_1 => "q4_1", Q5_0 => "q5_0", Q8_0 => "q8_0"
-});
-
-impl QFormat {
-    /// Bytes of one block of 32 weights.
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q5_0 => 22,
-            Self::Q8_0 => 34,
-        }
-    }
-
-    /// Bytes of a row of `cols` weights (`cols` a multiple of [`QK`]).
-    pub const fn row_bytes(self, cols: usize) -> usize {
-        cols / QK * self.block_bytes()
-    }
-
-    /// ggml's name for the format (candle's `GgmlDType`).
-    pub fn ggml(self) -> candle_core::quantized::GgmlDType {
-        use candle_core::quantized::GgmlDType;
-        match self {
-            Self::Q4_0 => GgmlDType::Q4_0,
-            Self::Q4_1 => GgmlDType::Q4_1,
-            Self::Q5_0 => GgmlDType::Q5_0,
-            Self::Q8_0 => GgmlDType::Q8_0,
-        }
-    }
-
-    /// Bits per weight, scales included.
-    pub fn bits_per_weight(self) -> f64 {
-        self.block_bytes() as f64 * 8.0 / QK as f64
-    }
-
-    /// Whether a `Q8_0` block holds this format's weights exactly
-    /// ([`widen_to_q8_0`]): every format but `Q4_1`, whose `d·q + m` is
-    /// not a scale times an integer in general.
-    pub const fn exact_in_q8_0(self) -> bool {
-        !matches!(self, Self::Q4_1)
-    }
-}
+use super::{x86_quant, x86_vnni, x86_vnni_planar};
 
 /// `row` (blocks of `format`) as `Q8_0` blocks holding exactly the same
 /// weights, where that exists ([`QFormat::exact_in_q8_0`]): a `Q4_0` or
@@ -105,93 +44,6 @@ pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The activations of one row quantized per block of 32: `q` (i8), the
-/// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
-/// for the AVX-512 kernels (and only where they run) also `d8` (each `d`
-/// 8 times) and `corr` (per block 8 i32: `-Σq`, then 7 zeros), so that a
-/// pair of blocks loads its scales and offsets in one register each; and
-/// for the kernels over planar rows `qn`, `d16`, `corr16`
-/// ([`super::planar`]), per whole group of four blocks.
-#[derive(Debug, Clone, Default)]
-pub struct Q8Act {
-    pub q: Vec<i8>,
-    pub d: Vec<f32>,
-    pub s: Vec<f32>,
-    pub d8: Vec<f32>,
-    pub corr: Vec<i32>,
-    pub qn: Vec<i8>,
-    pub d16: Vec<f32>,
-    pub corr16: Vec<i32>,
-}
-
-/// 1.5·2²³: adding and then subtracting it rounds an f32 below 2²² in
-/// magnitude to the nearest integer, ties to even (as ggml's AVX2
-/// `quantize_row_q8_0` rounds, `_mm256_round_ps` nearest), in a loop that
-/// vectorises; `f32::round` is a libm call per value, which made the
-/// activations' quantization 1–2 % of a Qwen q4 decode step's samples, all
-/// of it on one thread between the parallel kernels.
-const ROUND: f32 = 12_582_912.0;
-
-impl Q8Act {
-    /// Quantizes `x` (a multiple of 32 long) to the nearest of 255 levels
-    /// per block (scale `max|x| / 127`; ties to even).
-    pub fn quantize(x: &[f32]) -> Self {
-        debug_assert!(x.len().is_multiple_of(QK));
-        let blocks = x.len() / QK;
-        // `d8` and `corr` only for the kernels that read them.
-        let wide = vnni();
-        let mut a = Self {
-            q: vec![0; x.len()],
-            d: Vec::with_capacity(blocks),
-            s: Vec::with_capacity(blocks),
-            d8: Vec::with_capacity(if wide { blocks * 8 } else { 0 }),
-            corr: vec![0; if wide { blocks * 8 } else { 0 }],
-            ..Self::default()
-        };
-        let mut sums = Vec::with_capacity(if wide { blocks } else { 0 });
-        for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = ((v * id + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
-            }
-            let sum: i32 = qb.iter().map(|&q| q as i32).sum();
-            a.d.push(d);
-            a.s.push(d * sum as f32);
-            if wide {
-                a.d8.extend([d; 8]);
-                a.corr[b * 8] = -sum;
-                sums.push(sum);
-            }
-        }
-        if wide {
-            (a.qn, a.d16, a.corr16) = super::planar::planar_acts(&a.q, &a.d, &sums);
-        }
-        a
-    }
-
-    /// True when the planar kernels' arrays are here (where they run).
-    #[inline]
-    pub fn has_planar(&self) -> bool {
-        !self.d8.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.q.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.q.is_empty()
-    }
-}
-
-/// A block's f16 field at byte `at` as f32.
-#[inline]
-pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
 /// `row · x` for one row of blocks (`x` quantized, as long as the row).
 #[inline]
 pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
@@ -215,7 +67,7 @@ pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
 pub fn dot_in(format: QFormat, form: RowForm, row: &[u8], x: &Q8Act) -> f32 {
     match form {
         RowForm::Blocks => dot(format, row, x),
-        RowForm::Planar => planar::dot_planar(format, row, x),
+        RowForm::Planar => dot_planar(format, row, x),
     }
 }
 
@@ -284,11 +136,7 @@ pub fn int8_prefill() -> bool {
 
 /// True when the AVX-512 VNNI back end runs the quantized rows.
 fn vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if x86_vnni::available() {
-        return true;
-    }
-    false
+    super::cpu_features::avx512_vnni()
 }
 
 /// `[row · x[t]]` for four tokens' activations.
@@ -301,6 +149,49 @@ pub fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
         return unsafe { x86_vnni::dot4(format, row, xs) };
     }
     xs.map(|x| dot(format, row, x))
+}
+
+/// `row · x` for a planar row.
+#[inline]
+pub fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if x.has_planar() {
+        // SAFETY: `x` was quantized with the planar arrays, which happens
+        // only where the AVX-512 VNNI kernels run; the row holds
+        // `x.len() / 32` blocks (checked by the callers).
+        return unsafe { x86_vnni_planar::dot(format, row, x) };
+    }
+    dot(format, &gathered(format, row), x)
+}
+
+/// `(r0 · x, r1 · x)` for two planar rows (a neuron's gate and up).
+#[inline]
+pub fn dot2_planar(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if x.has_planar() {
+        // SAFETY: as in `dot_planar`.
+        return unsafe { x86_vnni_planar::dot2(format, r0, r1, x) };
+    }
+    (dot_planar(format, r0, x), dot_planar(format, r1, x))
+}
+
+/// `[row · x[t]]` for four tokens' activations and a planar row.
+#[inline]
+pub fn dot4_planar(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if xs.iter().all(|x| x.has_planar()) {
+        // SAFETY: as in `dot_planar`.
+        return unsafe { x86_vnni_planar::dot4(format, row, xs) };
+    }
+    xs.map(|x| dot_planar(format, row, x))
+}
+
+/// A planar row gathered back into whole blocks (the slow path for CPUs
+/// without planar kernels; rows are made planar only where they run).
+fn gathered(format: QFormat, row: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; row.len()];
+    planar::to_blocks(format, row, &mut out);
+    out
 }
 
 /// Smallest block of rows a decode thread takes at once (as the f16 kernels).
@@ -349,49 +240,10 @@ pub fn matvec_q_ids(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::kernels::quant_mlp::{
-        reform, swiglu, swiglu_activations_q, swiglu_bundles, BundleLayout, DownForm,
-    };
-    use crate::kernels::test_data::data;
+    use crate::kernels::planar::to_planar;
+    use crate::kernels::test_data::{data, plain_dequantize, quantize_rows, ALL};
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
-
-    pub const ALL: [QFormat; 4] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
-
-    /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's port).
-    pub fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
-        let t = Tensor::from_slice(w, (w.len() / cols, cols), &Device::Cpu).unwrap();
-        QTensor::quantize(&t, f.ggml())
-            .unwrap()
-            .data()
-            .unwrap()
-            .to_vec()
-    }
-
-    /// A plain loop: block `b` of a row, dequantized one weight at a time.
-    pub fn plain_dequantize(f: QFormat, row: &[u8]) -> Vec<f32> {
-        let mut out = Vec::new();
-        for b in row.chunks_exact(f.block_bytes()) {
-            let d = f16_at(b, 0);
-            for i in 0..QK {
-                let nib = |qs: &[u8]| {
-                    let byte = qs[i % 16];
-                    (if i < 16 { byte & 15 } else { byte >> 4 }) as i32
-                };
-                out.push(match f {
-                    QFormat::Q8_0 => d * (b[2 + i] as i8) as f32,
-                    QFormat::Q4_0 => d * (nib(&b[2..]) - 8) as f32,
-                    QFormat::Q4_1 => d * nib(&b[4..]) as f32 + f16_at(b, 2),
-                    QFormat::Q5_0 => {
-                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                        let hi = ((qh >> i) & 1) as i32;
-                        d * ((nib(&b[6..]) | hi << 4) - 16) as f32
-                    }
-                });
-            }
-        }
-        out
-    }
 
     #[test]
     fn plain_dequantize_matches_ggml() {
@@ -527,116 +379,45 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn matvec_and_bundled_mlp_match_plain_loops() {
-        let silu = |v: f32| v / (1.0 + (-v).exp());
-        for (n, h) in [(1, 32), (5, 96), (131, 64), (300, 576)] {
-            let x = data(h, 2);
-            let xq = Q8Act::quantize(&x);
-            let xd: Vec<f32> = (0..h).map(|i| xq.q[i] as f32 * xq.d[i / QK]).collect();
-            let plain_dot = |r: &[f32]| r.iter().zip(&xd).map(|(a, b)| a * b).sum::<f32>();
+    fn planar_dots_match_plain_loops_and_each_other_at_odd_lengths() {
+        for blocks in [1, 2, 3, 4, 5, 17, 18, 28, 29] {
+            let k = blocks * QK;
+            let xs: Vec<Q8Act> = (0..4).map(|t| Q8Act::quantize(&data(k, 30 + t))).collect();
             for f in ALL {
-                let (g, u, d) = (data(n * h, 3), data(n * h, 4), data(n * h, 6));
-                let (gq, uq) = (quantize_rows(&g, h, f), quantize_rows(&u, h, f));
-                let dq = quantize_rows(&d, h, QFormat::Q8_0);
-                let mut out = vec![0f32; n];
-                matvec_q(f, RowForm::Blocks, &gq, &xq, &mut out);
-                let gd = plain_dequantize(f, &gq);
-                for (r, o) in out.iter().enumerate() {
-                    let want = plain_dot(&gd[r * h..(r + 1) * h]);
-                    assert!((o - want).abs() < 1e-3 * (1.0 + want.abs()), "{f} matvec");
-                }
-                let forms = [
-                    (RowForm::Blocks, DownForm::Rows),
-                    (RowForm::Planar, DownForm::Rows),
-                    (RowForm::Planar, DownForm::Quads),
+                let rows = [
+                    quantize_rows(&data(k, 3), k, f),
+                    quantize_rows(&data(k, 4), k, f),
                 ];
-                for (rows, down_form) in forms {
-                    let layout = BundleLayout {
-                        hidden: h,
-                        gate: f,
-                        up: f,
-                        down: QFormat::Q8_0,
-                        rows,
-                        down_form,
-                    };
-                    let (gr, ur, dr) = (f.row_bytes(h), f.row_bytes(h), QFormat::Q8_0.row_bytes(h));
-                    let mut bundles = Vec::new();
-                    for i in 0..n {
-                        let mut gate_up =
-                            [&gq[i * gr..(i + 1) * gr], &uq[i * ur..(i + 1) * ur]].concat();
-                        if rows == RowForm::Planar {
-                            planar::make_planar(f, h, &mut gate_up);
-                        }
-                        bundles.extend_from_slice(&gate_up);
-                        bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
+                let planar = rows.clone().map(|r| {
+                    let mut p = vec![0u8; r.len()];
+                    to_planar(f, &r, &mut p);
+                    p
+                });
+                for x in &xs {
+                    let xd: Vec<f32> = (0..k).map(|i| x.q[i] as f32 * x.d[i / QK]).collect();
+                    let one = planar.clone().map(|p| dot_planar(f, &p, x));
+                    for (r, got) in rows.iter().zip(one) {
+                        let want: f64 = plain_dequantize(f, r)
+                            .iter()
+                            .zip(&xd)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum();
+                        let tol = 1e-4 * (1.0 + want.abs());
+                        assert!(
+                            (got as f64 - want).abs() < tol,
+                            "{f} {blocks}: {got} vs {want}"
+                        );
                     }
-                    // Plain bundles kept for the reference dots below.
-                    let whole = bundles.clone();
-                    if down_form == DownForm::Quads {
-                        reform(&layout, &mut bundles, DownForm::Quads);
-                    }
-                    // The prefill form over 1, 4 and 7 tokens (groups of four
-                    // and the tokens left), against decode's dots.
-                    for t in [1, 4, 7] {
-                        let xs: Vec<Q8Act> = (0..t)
-                            .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
-                            .collect();
-                        let mut acts = vec![0f32; n * t];
-                        swiglu_activations_q(&xs, &layout, &bundles, n, &mut acts);
-                        for (i, b) in whole.chunks_exact(layout.bundle_bytes()).enumerate() {
-                            let (gr, ur, _) = layout.split(b);
-                            for (j, x) in xs.iter().enumerate() {
-                                let (g, u) = layout.gate_up(gr, ur, x);
-                                let want = swiglu(g, u);
-                                let got = acts[i * t + j];
-                                assert_eq!(got, want, "{f} prefill activation {i}, token {j}/{t}");
-                            }
-                        }
-                    }
-                    let (ud, dd) = (
-                        plain_dequantize(f, &uq),
-                        plain_dequantize(QFormat::Q8_0, &dq),
+                    let two = dot2_planar(f, &planar[0], &planar[1], x);
+                    assert_eq!(
+                        [two.0, two.1],
+                        one,
+                        "{f} {blocks}: dot2 is dot's to the bit"
                     );
-                    let act: Vec<f32> = (0..n)
-                        .map(|i| {
-                            silu(plain_dot(&gd[i * h..(i + 1) * h]))
-                                * plain_dot(&ud[i * h..(i + 1) * h])
-                        })
-                        .collect();
-                    // Quads round each block's four coefficients to 8 bits
-                    // against their largest: at most 2/127 of the largest
-                    // |act · weight| of the block per quad (`quads`).
-                    let largest = |q: usize, c: usize, count: usize| {
-                        let b = c / QK * QK;
-                        (4 * q..(4 * q + 4).min(count))
-                            .map(|i| {
-                                let top = dd[i * h + b..i * h + b + QK]
-                                    .iter()
-                                    .fold(0f32, |m, v| m.max(v.abs()));
-                                (act[i] * top).abs()
-                            })
-                            .fold(0f32, f32::max)
-                    };
-                    // All bundles, and a view ending inside a quad.
-                    for count in [n, n - 1] {
-                        let mut y = vec![0f32; h];
-                        swiglu_bundles(&x, &layout, &bundles, count, &mut y);
-                        for c in 0..h {
-                            let want: f32 = (0..count).map(|i| act[i] * dd[i * h + c]).sum();
-                            let rounding: f32 = match down_form {
-                                DownForm::Quads => (0..count.div_ceil(4))
-                                    .map(|q| 2.0 * largest(q, c, count) / 127.0)
-                                    .sum(),
-                                DownForm::Rows => 0.0,
-                            };
-                            assert!(
-                                (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()) + rounding,
-                                "{f} {rows:?} {down_form:?} {count} of {n}x{h}, col {c}: {} vs {want}",
-                                y[c]
-                            );
-                        }
-                    }
                 }
+                let four = dot4_planar(f, &planar[0], [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                let one: Vec<f32> = xs.iter().map(|x| dot_planar(f, &planar[0], x)).collect();
+                assert_eq!(four.to_vec(), one, "{f} {blocks}: dot4 is dot's to the bit");
             }
         }
     }

@@ -6,9 +6,9 @@
 //! ([`super::quads`]) where the down rows are stored so.
 
 use super::exp::exp;
-use super::planar::{self, RowForm};
+use super::planar::RowForm;
 use super::quads::{self, QUAD};
-use super::quant::{axpy, dot, dot2, dot4, Q8Act, QFormat, QK};
+use super::quant::{self, axpy, dot, dot2, dot4, Q8Act, QFormat, QK};
 use super::spin_pool::{DisjointSlice, SpinPool};
 use anyhow::{bail, Result};
 
@@ -111,10 +111,10 @@ impl BundleLayout {
         match (self.rows, self.gate == self.up) {
             (RowForm::Blocks, true) => dot2(self.gate, g, u, x),
             (RowForm::Blocks, false) => (dot(self.gate, g, x), dot(self.up, u, x)),
-            (RowForm::Planar, true) => planar::dot2_planar(self.gate, g, u, x),
+            (RowForm::Planar, true) => quant::dot2_planar(self.gate, g, u, x),
             (RowForm::Planar, false) => (
-                planar::dot_planar(self.gate, g, x),
-                planar::dot_planar(self.up, u, x),
+                quant::dot_planar(self.gate, g, x),
+                quant::dot_planar(self.up, u, x),
             ),
         }
     }
@@ -273,8 +273,8 @@ pub fn swiglu_activations_q(
                         let (g, u) = match layout.rows {
                             RowForm::Blocks => (dot4(layout.gate, gr, x), dot4(layout.up, ur, x)),
                             RowForm::Planar => (
-                                planar::dot4_planar(layout.gate, gr, x),
-                                planar::dot4_planar(layout.up, ur, x),
+                                quant::dot4_planar(layout.gate, gr, x),
+                                quant::dot4_planar(layout.up, ur, x),
                             ),
                         };
                         orow[j..j + 4].copy_from_slice(&swiglu4(g, u));
@@ -290,6 +290,9 @@ pub fn swiglu_activations_q(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::planar;
+    use crate::kernels::quant::matvec_q;
+    use crate::kernels::test_data::{data, plain_dequantize, quantize_rows, ALL};
     use proptest::prelude::*;
 
     #[test]
@@ -314,6 +317,121 @@ mod tests {
                 prop_assert_eq!(four[j].to_bits(), swiglu(g[j], u[j]).to_bits());
                 let libm = g[j] as f64 / (1.0 + (-g[j] as f64).exp()) * u[j] as f64;
                 prop_assert!((four[j] as f64 - libm).abs() <= 1e-6 * libm.abs().max(1e-30));
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_and_bundled_mlp_match_plain_loops() {
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        for (n, h) in [(1, 32), (5, 96), (131, 64), (300, 576)] {
+            let x = data(h, 2);
+            let xq = Q8Act::quantize(&x);
+            let xd: Vec<f32> = (0..h).map(|i| xq.q[i] as f32 * xq.d[i / QK]).collect();
+            let plain_dot = |r: &[f32]| r.iter().zip(&xd).map(|(a, b)| a * b).sum::<f32>();
+            for f in ALL {
+                let (g, u, d) = (data(n * h, 3), data(n * h, 4), data(n * h, 6));
+                let (gq, uq) = (quantize_rows(&g, h, f), quantize_rows(&u, h, f));
+                let dq = quantize_rows(&d, h, QFormat::Q8_0);
+                let mut out = vec![0f32; n];
+                matvec_q(f, RowForm::Blocks, &gq, &xq, &mut out);
+                let gd = plain_dequantize(f, &gq);
+                for (r, o) in out.iter().enumerate() {
+                    let want = plain_dot(&gd[r * h..(r + 1) * h]);
+                    assert!((o - want).abs() < 1e-3 * (1.0 + want.abs()), "{f} matvec");
+                }
+                let forms = [
+                    (RowForm::Blocks, DownForm::Rows),
+                    (RowForm::Planar, DownForm::Rows),
+                    (RowForm::Planar, DownForm::Quads),
+                ];
+                for (rows, down_form) in forms {
+                    let layout = BundleLayout {
+                        hidden: h,
+                        gate: f,
+                        up: f,
+                        down: QFormat::Q8_0,
+                        rows,
+                        down_form,
+                    };
+                    let (gr, ur, dr) = (f.row_bytes(h), f.row_bytes(h), QFormat::Q8_0.row_bytes(h));
+                    let mut bundles = Vec::new();
+                    for i in 0..n {
+                        let mut gate_up =
+                            [&gq[i * gr..(i + 1) * gr], &uq[i * ur..(i + 1) * ur]].concat();
+                        if rows == RowForm::Planar {
+                            planar::make_planar(f, h, &mut gate_up);
+                        }
+                        bundles.extend_from_slice(&gate_up);
+                        bundles.extend_from_slice(&dq[i * dr..(i + 1) * dr]);
+                    }
+                    // Plain bundles kept for the reference dots below.
+                    let whole = bundles.clone();
+                    if down_form == DownForm::Quads {
+                        reform(&layout, &mut bundles, DownForm::Quads);
+                    }
+                    // The prefill form over 1, 4 and 7 tokens (groups of four
+                    // and the tokens left), against decode's dots.
+                    for t in [1, 4, 7] {
+                        let xs: Vec<Q8Act> = (0..t)
+                            .map(|j| Q8Act::quantize(&data(h, 20 + j as u32)))
+                            .collect();
+                        let mut acts = vec![0f32; n * t];
+                        swiglu_activations_q(&xs, &layout, &bundles, n, &mut acts);
+                        for (i, b) in whole.chunks_exact(layout.bundle_bytes()).enumerate() {
+                            let (gr, ur, _) = layout.split(b);
+                            for (j, x) in xs.iter().enumerate() {
+                                let (g, u) = layout.gate_up(gr, ur, x);
+                                let want = swiglu(g, u);
+                                let got = acts[i * t + j];
+                                assert_eq!(got, want, "{f} prefill activation {i}, token {j}/{t}");
+                            }
+                        }
+                    }
+                    let (ud, dd) = (
+                        plain_dequantize(f, &uq),
+                        plain_dequantize(QFormat::Q8_0, &dq),
+                    );
+                    let act: Vec<f32> = (0..n)
+                        .map(|i| {
+                            silu(plain_dot(&gd[i * h..(i + 1) * h]))
+                                * plain_dot(&ud[i * h..(i + 1) * h])
+                        })
+                        .collect();
+                    // Quads round each block's four coefficients to 8 bits
+                    // against their largest: at most 2/127 of the largest
+                    // |act · weight| of the block per quad (`quads`).
+                    let largest = |q: usize, c: usize, count: usize| {
+                        let b = c / QK * QK;
+                        (4 * q..(4 * q + 4).min(count))
+                            .map(|i| {
+                                let top = dd[i * h + b..i * h + b + QK]
+                                    .iter()
+                                    .fold(0f32, |m, v| m.max(v.abs()));
+                                (act[i] * top).abs()
+                            })
+                            .fold(0f32, f32::max)
+                    };
+                    // All bundles, and a view ending inside a quad.
+                    for count in [n, n - 1] {
+                        let mut y = vec![0f32; h];
+                        swiglu_bundles(&x, &layout, &bundles, count, &mut y);
+                        for c in 0..h {
+                            let want: f32 = (0..count).map(|i| act[i] * dd[i * h + c]).sum();
+                            let rounding: f32 = match down_form {
+                                DownForm::Quads => (0..count.div_ceil(4))
+                                    .map(|q| 2.0 * largest(q, c, count) / 127.0)
+                                    .sum(),
+                                DownForm::Rows => 0.0,
+                            };
+                            assert!(
+                                (y[c] - want).abs() < 1e-3 * (1.0 + want.abs()) + rounding,
+                                "{f} {rows:?} {down_form:?} {count} of {n}x{h}, col {c}: {} vs {want}",
+                                y[c]
+                            );
+                        }
+                    }
+                }
             }
         }
     }

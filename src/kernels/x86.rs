@@ -4,16 +4,8 @@
 use super::exp;
 use half::f16;
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
-pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
-}
+pub use super::cpu_features::avx2 as available;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -153,8 +145,8 @@ pub unsafe fn dot_f16_ahead<const AHEAD: usize>(w: &[f16], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn attend_head_f32(
     q: &[f32],
-    k: super::attention::StridedRows,
-    v: super::attention::StridedRows,
+    k: super::StridedRows,
+    v: super::StridedRows,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],

@@ -7,7 +7,7 @@
 //! the offset (`Q4_0`'s -8, `Q5_0`'s -16, `Q4_1`'s `m`) is applied once
 //! per block through the activations' block sum.
 
-use super::quant::{Q8Act, QFormat, QK};
+use super::blocks::{Q8Act, QFormat, QK};
 use std::arch::x86_64::*;
 
 pub use super::x86::available;

@@ -19,28 +19,15 @@
 //! [`dot2`] (a neuron's gate and up rows) and [`dot4`] (prefill: four
 //! tokens per unpacked row) give [`dot`]'s results to the bit.
 
-use super::quant::{Q8Act, QFormat, QK};
+use super::blocks::{Q8Act, QFormat, QK};
 use super::x86_quant::{self, format_of};
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 /// How far ahead of the loads the kernels ask for the weights (as the
 /// AVX2 kernels).
 const PREFETCH_BYTES: usize = 2048;
 
-/// True when the CPU has AVX512F/BW/VL/VNNI (and AVX2/FMA/F16C), unless
-/// `SELECTINFER_KERNELS=avx2` asks for the AVX2 kernels (to compare them).
-pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        x86_quant::available()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && std::env::var("SELECTINFER_KERNELS").map_or(true, |v| v != "avx2")
-    })
-}
+pub use super::cpu_features::avx512_vnni as available;
 
 /// The i32 offset per block, as a power of two, that makes the weights
 /// unsigned: `q - 8`, `q - 16`, `(q + 128) - 128`; none for `Q4_1`.

@@ -11,7 +11,7 @@
 //! loads masked (zeros after the row's end; the activations' planar arrays
 //! are padded with zeros to whole groups).
 
-use super::quant::{Q8Act, QFormat};
+use super::blocks::{Q8Act, QFormat};
 use super::x86_quant::format_of;
 use std::arch::x86_64::*;
 

@@ -7,8 +7,7 @@
 //! Also the AVX2 [`interleave`] / [`deinterleave`] of one block's four rows
 //! that making and unmaking quads runs on.
 
-use super::quads::QUAD;
-use super::quant::QK;
+use super::blocks::{QK, QUAD};
 use std::arch::x86_64::*;
 
 /// Blocks whose coefficients are rounded at once (one per f32 lane).

@@ -389,8 +389,8 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::tests::{plain_dequantize, quantize_rows};
     use crate::kernels::test_data::data;
+    use crate::kernels::test_data::{plain_dequantize, quantize_rows};
 
     #[test]
     fn quantized_linear_in_parts_matches_its_dequantized_rows() {

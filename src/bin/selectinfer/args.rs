@@ -71,7 +71,7 @@ pub struct ModelArgs {
 /// SelectInfer mode and parameters (fractions of a layer's FFN width).
 #[derive(Args)]
 pub struct MethodArgs {
-    /// dense, load-only, selectinfer, coreinfer, random-load, disk-offload (README).
+    /// dense, load-only, selectinfer, coreinfer, random-load, disk-offload (docs/CLI.md).
     #[arg(long, default_value_t = CLI.mode)]
     pub mode: Mode,
     /// Ranking file; default rankings/<model folder name>.ranking.safetensors.
@@ -92,7 +92,7 @@ pub struct MethodArgs {
     /// α: per prompt token, the fraction of loaded neurons counted as active.
     #[arg(long, default_value_t = CLI.token_ratio)]
     pub token_ratio: f64,
-    /// Dynamic-set ranking: counts (the paper's), griffin, wina (README).
+    /// Dynamic-set ranking: counts (the paper's), griffin, wina (docs/CLI.md).
     #[arg(long, default_value_t = CLI.score)]
     pub score: Score,
     /// κ: per decode token, share of computed neurons run (1 = no gating).

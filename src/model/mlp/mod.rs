@@ -619,9 +619,9 @@ mod tests {
     #[test]
     fn arranged_bundles_move_whole_neurons_in_place_and_compute_the_same() {
         use crate::kernels::planar::RowForm;
-        use crate::kernels::quant::tests::quantize_rows;
         use crate::kernels::quant::QFormat;
         use crate::kernels::quant_mlp::{BundleLayout, DownForm};
+        use crate::kernels::test_data::quantize_rows;
         let (n, h) = (24, 64);
         let layout = BundleLayout {
             hidden: h,

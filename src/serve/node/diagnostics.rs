@@ -4,7 +4,8 @@
 
 use super::clock::NodeClock;
 use super::lifecycle::Managed;
-use super::params::{NodeParams, ParamHandle};
+use super::param_handle::ParamHandle;
+use super::params::NodeParams;
 use crate::serve::server::Stats;
 use r2r::{diagnostic_msgs, std_msgs, Publisher};
 use std::sync::{Arc, Mutex};

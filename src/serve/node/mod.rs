@@ -25,6 +25,7 @@ mod lifecycle;
 mod messages;
 mod pacer;
 mod param_events;
+mod param_handle;
 mod param_specs;
 mod params;
 mod rosout;
@@ -49,9 +50,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use param_specs::PARAMETERS;
 /// The parameter handler (public for the parameter fuzz tests).
-pub use params::ParamHandle;
+pub use param_handle::ParamHandle;
+pub use param_specs::PARAMETERS;
 
 /// How long the node still takes requests after a stop signal, to refuse
 /// those already sent to it.

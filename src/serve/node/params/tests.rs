@@ -1,6 +1,8 @@
 //! The node parameters' tests: defaults and ranges, the YAML files, the
 //! preset's place between the defaults and the user's parameters.
 use super::*;
+use crate::serve::node::param_handle::ParamHandle;
+use r2r::RosParams;
 
 /// Every default lies in its parameter's declared range, and a value
 /// outside it is refused naming the parameter, leaving the rest as is.
