@@ -27,14 +27,19 @@ pub enum Values {
     OneOf(fn() -> String),
 }
 
-/// One node parameter: name, help text (`ros2 param describe`), whether it
-/// may change at runtime (the rest are read-only: read at start-up) and
-/// the values it takes.
+/// One node parameter, declared once: name, help text (`ros2 param
+/// describe`), whether it may change at runtime (the rest are read-only:
+/// read at start-up), the values it takes, and whether the CLI's commands
+/// take it as the flag of the same name (`load_ratio` ↔ `--load-ratio`).
+/// Its default is [`crate::engine::defaults`]'s; `config/node.yaml`,
+/// docs/PARAMETERS.md and the CLI's flags are checked against this by
+/// tests (`params/tests.rs`, `tests/cli_flags.rs`).
 pub struct Spec {
     pub name: &'static str,
     pub help: &'static str,
     pub runtime: bool,
     pub values: Values,
+    pub cli: bool,
 }
 
 /// The smallest share a ratio or top_p takes (they are refused at 0: ROS
@@ -53,162 +58,172 @@ const PACE_MAX_MS: f64 = 1000.0;
 /// A day: a planner that asks for a result later than that has lost it.
 const RESULT_TIMEOUT_MAX_S: f64 = 86_400.0;
 
+/// A parameter the node alone takes (no CLI flag).
 const fn spec(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
     Spec {
         name,
         help,
         runtime,
         values,
+        cli: false,
+    }
+}
+
+/// A parameter the CLI's commands take as well, as `--name-with-dashes`.
+const fn shared(name: &'static str, help: &'static str, runtime: bool, values: Values) -> Spec {
+    Spec {
+        cli: true,
+        ..spec(name, help, runtime, values)
     }
 }
 
 /// Every parameter, in the order `ros2 param list` shows.
 pub const PARAMETERS: &[Spec] = &[
-    spec(
+    shared(
         "model",
-        "HF-style model folder (load-time)",
+        "a catalog model by name (prepared in the models home on first use) or a model folder, relative to the working directory (load-time)",
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "ranking",
-        "ranking file; empty = rankings/<model folder>.ranking.safetensors (load-time)",
+        "ranking file; empty = the installed rankings/NAME.ranking.safetensors of the model (load-time)",
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "task",
         "task whose base neurons are loaded and static; changed at runtime, the next request of that task swaps the base set in (reading only the neurons it adds) (runtime)",
         true,
         Values::Any,
     ),
-    spec(
+    shared(
         "mode",
         "dense | load-only | selectinfer | coreinfer | random-load | disk-offload (load-time)",
         false,
         Values::OneOf(names::<Mode>),
     ),
-    spec(
+    shared(
         "load_ratio",
         "gamma: FFN neurons loaded per sparse layer (load-time)",
         false,
         Values::Float(SHARE_MIN, 1.0),
     ),
-    spec(
+    shared(
         "static_ratio",
         "delta: base neurons always computed (load-time)",
         false,
         Values::Float(0.0, 1.0),
     ),
-    spec(
+    shared(
         "compute_ratio",
         "phi = delta + epsilon: neurons computed per prompt, at most load_ratio (runtime in selectinfer, coreinfer and random-load; read-only in the modes that compute every loaded neuron)",
         true,
         Values::Float(SHARE_MIN, 1.0),
     ),
-    spec(
+    shared(
         "token_ratio",
         "alpha: per-token active fraction at prefill (runtime in selectinfer, coreinfer and random-load; read-only in the modes that compute every loaded neuron)",
         true,
         Values::Float(SHARE_MIN, 1.0),
     ),
-    spec(
+    shared(
         "score",
         "counts | griffin | wina: how prefill ranks neurons for the dynamic set (load-time)",
         false,
         Values::OneOf(names::<Score>),
     ),
-    spec(
+    shared(
         "vocab",
         "all | latin: output tokens decode computes (latin: Latin-script tokens; a prompt with a token outside, or a grammar, gets all) (load-time)",
         false,
         Values::OneOf(names::<VocabRule>),
     ),
-    spec(
+    shared(
         "head_screen",
         "lm_head rows computed exactly per token: a low-bit copy of the lm_head (head_screen_bits) ranks its rows and the best N are computed from the weights (the rest keep the copy's logits; a grammar request gets every row); 0 = every row exactly; CPU only, ignored with a warning elsewhere (load-time)",
         false,
         Values::Int(0, i64::MAX),
     ),
-    spec(
+    shared(
         "head_screen_bits",
         "4 | 2: bits a weight of head_screen's copy of the lm_head takes (4: ggml's Q4_0; 2: half the bytes again, needs a larger head_screen and suits some models only) (load-time)",
         false,
         Values::Int(2, 4),
     ),
-    spec(
+    shared(
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
         false,
         Values::Float(SHARE_MIN, 1.0),
     ),
-    spec(
+    shared(
         "layer_drop",
         "per layer, its share of the neurons phi leaves out (one weight per layer; lab/scripts/layer_scan.sh calibrates them); [] = even (load-time)",
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "dense_layers",
         "layers kept whole; negative counts from the end (load-time)",
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "plan_seed",
         "seed of the random-load subset (load-time)",
         false,
         Values::Int(0, i64::MAX),
     ),
-    spec(
+    shared(
         "dtype",
         "f32 | f16 | bf16 | q8 | q4 weights in memory (bf16: CUDA, compute capability >= 8.0; q8, q4: CPU, ggml blocks; load-time)",
         false,
         Values::OneOf(names::<WeightDtype>),
     ),
-    spec(
+    shared(
         "device",
         "cpu | cuda:N (load-time)",
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "prefill_chunk",
         "prompt tokens per forward pass; longer prompts are prefilled in chunks (peak memory vs. time to first token; load-time)",
         false,
         Values::Int(1, TOKENS_MAX),
     ),
-    spec(
+    shared(
         "max_context",
         "longest sequence served (prompt + generated); 0 = the model's, at most 4096 (load-time)",
         false,
         Values::Int(0, TOKENS_MAX),
     ),
-    spec(
+    shared(
         "memory_budget_mb",
         "resident memory (MiB) to fit in: gamma is chosen so that weights, KV cache, temporaries and runtime stay within it, and a budget below the floor is refused naming it; 0 = load_ratio as given (load-time)",
         false,
         Values::Int(0, i64::MAX),
     ),
-    spec(
+    shared(
         "max_new_tokens",
         "default new-token limit of a request (runtime)",
         true,
         Values::Int(1, TOKENS_MAX),
     ),
-    spec(
+    shared(
         "temperature",
         "default sampling temperature, 0 = greedy (runtime)",
         true,
         Values::Float(0.0, TEMPERATURE_MAX),
     ),
-    spec(
+    shared(
         "top_p",
         "default nucleus mass (runtime)",
         true,
         Values::Float(SHARE_MIN, 1.0),
     ),
-    spec(
+    shared(
         "seed",
         "default sampling seed (runtime)",
         true,
@@ -238,7 +253,7 @@ pub const PARAMETERS: &[Spec] = &[
         false,
         Values::Any,
     ),
-    spec(
+    shared(
         "threads",
         "threads for decode and prefill; 0 = one per core (RAYON_NUM_THREADS if set); leave cores to the robot's other nodes (load-time)",
         false,

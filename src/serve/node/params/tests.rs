@@ -357,3 +357,101 @@ fn every_descriptor_says_what_a_runtime_set_accepts() {
         assert!(task.additional_constraints.contains("qa"), "{task:?}");
     }
 }
+
+/// docs/PARAMETERS.md as the declarations give it: one row a parameter.
+fn parameters_markdown() -> String {
+    use super::super::param_specs::Values;
+    let defaults = NodeParams::default();
+    let mut out = String::from(
+        "# Node parameters\n\n\
+         Every parameter of `selectinfer_node`, from its one declaration: the\n\
+         name, help, range and whether it changes at runtime in\n\
+         `src/serve/node/param_specs.rs`, the default in `src/engine/defaults.rs`.\n\
+         This file is generated: the test\n\
+         `serve::node::params::tests::parameters_md_is_generated_from_the_declarations`\n\
+         fails when it disagrees with them, as others fail for `config/node.yaml`,\n\
+         the descriptors `ros2 param describe` shows and the CLI's flags\n\
+         (`tests/cli_flags.rs`). Regenerate it with\n\
+         `SELECTINFER_WRITE_DOCS=1 cargo test --release --features ros --lib parameters_md`.\n\n\
+         Set them the ROS way (`--ros-args --params-file FILE`, `-p name:=value`);\n\
+         *runtime* ones also with `ros2 param set` (or the SetParameters service),\n\
+         applying to the next request; *load-time* ones are read at start-up and\n\
+         refused at runtime with the reason. A *preset* parameter is also set by the\n\
+         model's preset, `config/models/NAME.yaml`; a value given in a parameters\n\
+         file or with `-p` wins over it, and the default shown is the node's\n\
+         without a preset. *CLI* parameters are the flag of the same name on the\n\
+         `selectinfer` commands (`load_ratio` ↔ `--load-ratio`). Ranges are\n\
+         inclusive, as ROS's are; a value outside is refused naming the range.\n\n\
+         | parameter | type | default | values | changes | also set by | description |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let code = |s: String| format!("`{s}`");
+    for spec in PARAMETERS {
+        let v = defaults.get(spec.name).unwrap();
+        let (ty, default) = match &v {
+            ParameterValue::String(s) => ("string", code(format!("{s:?}"))),
+            ParameterValue::Double(x) => ("double", code(format!("{x:?}"))),
+            ParameterValue::Integer(x) => ("integer", code(x.to_string())),
+            ParameterValue::Bool(b) => ("bool", code(b.to_string())),
+            ParameterValue::IntegerArray(xs) => ("integer[]", code(format!("{xs:?}"))),
+            ParameterValue::DoubleArray(xs) => ("double[]", code(format!("{xs:?}"))),
+            other => panic!("parameter {}: no documented type for {other:?}", spec.name),
+        };
+        let values = match spec.values {
+            Values::Any if ty == "bool" => "true, false".to_string(),
+            Values::Any => "any".to_string(),
+            Values::Float(lo, hi) => format!("[{lo:?}, {hi:?}]"),
+            Values::Int(lo, i64::MAX) => format!("≥ {lo}"),
+            Values::Int(lo, hi) => format!("[{lo}, {hi}]"),
+            Values::OneOf(names) => names().replace(',', ", ").replace("  ", " "),
+        };
+        let help = spec
+            .help
+            .trim_end_matches(" (load-time)")
+            .trim_end_matches(" (runtime)")
+            .replace('|', "\\|");
+        let mut by = Vec::new();
+        if crate::store::preset::KEYS.contains(&spec.name) {
+            by.push("preset");
+        }
+        if spec.cli {
+            by.push("CLI");
+        }
+        out += &format!(
+            "| `{}` | {ty} | {default} | {values} | {} | {} | {help} |\n",
+            spec.name,
+            if spec.runtime { "runtime" } else { "load-time" },
+            if by.is_empty() {
+                "–".to_string()
+            } else {
+                by.join(", ")
+            },
+        );
+    }
+    out
+}
+
+/// docs/PARAMETERS.md is what the declarations say; a help text that
+/// names when a parameter changes says what its declaration does.
+#[test]
+fn parameters_md_is_generated_from_the_declarations() {
+    for spec in PARAMETERS {
+        if spec.help.ends_with("(load-time)") || spec.help.ends_with("; load-time)") {
+            assert!(!spec.runtime, "{}: help says load-time", spec.name);
+        }
+        if spec.help.ends_with("(runtime)") {
+            assert!(spec.runtime, "{}: help says runtime", spec.name);
+        }
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PARAMETERS.md");
+    let want = parameters_markdown();
+    if std::env::var_os("SELECTINFER_WRITE_DOCS").is_some() {
+        std::fs::write(path, &want).unwrap();
+    }
+    let got = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        got == want,
+        "{path} disagrees with the parameters' declarations; regenerate it with \
+         SELECTINFER_WRITE_DOCS=1 cargo test --release --features ros --lib parameters_md"
+    );
+}
