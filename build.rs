@@ -1,4 +1,5 @@
-//! Build script: with the `ros` feature, link libpython3.11 into every
+//! Build script (the product's, and crates/bagtools'): with the `ros`
+//! feature, link libpython3.11 into every
 //! binary (tests included). The ROS 2 wheels' librcl depends on
 //! `*__rosidl_generator_py.so`, which needs libpython symbols
 //! (`PyExc_RuntimeError`); see ../shared/notes/ros2-from-pypi.md, fix 4.

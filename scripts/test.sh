@@ -17,11 +17,11 @@ scripts/setup_ros.sh
 source .ros/env.sh
 # Catalog models live in the models home; the repository's models/ here.
 export SELECTINFER_MODELS=${SELECTINFER_MODELS:-$PWD/models}
-cargo build --release --features ros --bins
+cargo build --release --workspace --features ros --bins
 # --all: the tests read the f32 checkpoints and q8 too (profiling, fidelity).
 ./target/release/selectinfer prepare-model --all smollm2-135m-instruct
 ./target/release/selectinfer prepare-model --all qwen2.5-coder-0.5b-instruct
-cargo test --release --features ros --no-fail-fast
+cargo test --release --workspace --features ros --no-fail-fast
 python -m pytest tests/ros -q
 # A model that does not fit runs: dense OOM-killed or refused under a hard
 # cgroup limit, the budgeted selective load answers (needs root).

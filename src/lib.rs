@@ -13,11 +13,16 @@
 //! | 3 | [`method`] | SelectInfer: parameters, modes, rankings, load plans, prompt selection |
 //! | 4 | [`engine`] | the one loader (every default), prefill + selection + decode loop, sampling, text |
 //! | 5 | [`store`] | models by name in the models home, prepare/convert/quantize, installed rankings and presets |
-//! | 6 | [`tools`] | profile, tune, eval + metrics, bench, synth, the GGUF baseline, device parity |
-//! | 6 | [`serve`] | the request queue, the ROS 2 node (feature `ros`), replay and bags |
+//! | 6 | [`tools`] | tune, eval + metrics, bench, fidelity, synth, the GGUF baseline, device parity |
+//! | 6 | [`serve`] | the request queue, the ROS 2 node (feature `ros`) |
 //!
 //! `tools` and `serve` sit side by side: neither imports the other. The
 //! binaries in `src/bin` only parse arguments and print.
+//!
+//! This is the product crate of a workspace: what reads rosbag2 bags (the
+//! offline profiler, replay) is `crates/bagtools`, the research bench is
+//! `lab/`; both use this crate's public API, and this crate depends on
+//! neither (nor on their mcap, rusqlite or plotters).
 
 pub mod engine;
 pub mod kernels;

@@ -1,6 +1,5 @@
 //! Property/fuzz tests (proptest) over every reader of untrusted bytes:
-//! the ranking file, the bag readers (MCAP, rosbag2 sqlite3, the bag
-//! folder's metadata.yaml), the GGUF reader, the quantized checkpoint and
+//! the ranking file, the GGUF reader, the quantized checkpoint and
 //! its neuron bundles, the safetensors row reader, request validation and
 //! the node's parameters (feature `ros`). Each reader gets random bytes
 //! and mutations of a valid file made by the project's own writer (byte
@@ -25,15 +24,9 @@
 //! allocation aborts before proptest can report: the last one printed is
 //! the culprit). [`regressions`] keeps the inputs that found bugs.
 
-/// Fails the case with a message unless `cond` holds.
-macro_rules! check {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
-        }
-    };
-}
-
+#[macro_use]
+#[path = "fuzz/harness.rs"]
+mod harness;
 #[path = "fuzz/fixtures.rs"]
 mod fixtures;
 #[path = "fuzz/gguf.rs"]
@@ -48,161 +41,9 @@ mod regressions;
 #[path = "fuzz/requests.rs"]
 mod requests;
 
-use mutate::{apply, apply_json, edits, json_edits, noise, Edit, JsonEdit, Noise};
+pub use harness::{cases, clear, fuzz, inputs, Input};
+use mutate::{apply, apply_json, Noise};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
-use selectinfer::store::bag::read_bag;
-use std::fmt::Debug;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// Inputs per reader: `SELECTINFER_FUZZ_CASES`, default 256.
-pub fn cases() -> u32 {
-    std::env::var("SELECTINFER_FUZZ_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(256)
-}
-
-/// Peak RSS a case may reach: the fixtures are tiny, the largest
-/// legitimate allocation a reader makes from a header is 256 MiB.
-const RSS_LIMIT: u64 = 1 << 30;
-
-/// Held while a case runs (see the peak RSS check).
-static ONE_CASE: Mutex<()> = Mutex::new(());
-
-/// Runs `test` on `cases()` inputs of `strategy`; a failure (an assertion
-/// or a panic) shrinks to a minimal input and fails the test with it.
-/// `test` answers whether the input was accepted (read without error).
-/// Prints the count of inputs tried and of those accepted.
-pub fn fuzz<S: Strategy>(reader: &str, strategy: S, test: impl Fn(S::Value) -> Result<bool, String>)
-where
-    S::Value: Debug,
-{
-    // Each run explores new inputs; SELECTINFER_FUZZ_SEED replays one.
-    let seed = std::env::var("SELECTINFER_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        max_shrink_iters: 512,
-        rng_seed: RngSeed::Fixed(seed),
-        ..Config::default()
-    });
-    // A watchdog for hangs: the input of a case running over 120 s is
-    // printed and the process aborted (a hang would never report itself).
-    let current = Arc::new(Mutex::new(String::new()));
-    let started = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
-    let watchdog = {
-        let (current, started, done) = (current.clone(), started.clone(), done.clone());
-        let reader = reader.to_string();
-        std::thread::spawn(move || {
-            while !done.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(200));
-                let s = started.load(Ordering::SeqCst);
-                if s > 0 && (t0.elapsed().as_millis() as u64).saturating_sub(s) > 120_000 {
-                    eprintln!(
-                        "fuzz {reader}: a case ran over 120 s (hang) on {} (seed {seed})",
-                        current.lock().unwrap()
-                    );
-                    std::process::abort();
-                }
-            }
-        })
-    };
-    let (tried, accepted) = (AtomicU64::new(0), AtomicU64::new(0));
-    // An allocation failure aborts at once: SELECTINFER_FUZZ_TRACE=1 prints
-    // each input first, so the last one printed is the culprit.
-    let trace = std::env::var_os("SELECTINFER_FUZZ_TRACE").is_some();
-    let result = runner.run(&strategy, |v| {
-        // One case at a time in the whole process, so that a peak RSS
-        // belongs to the case that made it.
-        let _one = ONE_CASE.lock().unwrap_or_else(|e| e.into_inner());
-        *current.lock().unwrap() = format!("{v:?}");
-        if trace {
-            eprintln!("fuzz {reader} input: {v:?}");
-        }
-        started.store(t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
-        tried.fetch_add(1, Ordering::Relaxed);
-        // Linux: "5" resets the process's peak RSS.
-        let _ = std::fs::write("/proc/self/clear_refs", "5");
-        let r = test(v).and_then(|ok| {
-            let peak = selectinfer::sys::memory::peak_rss_bytes();
-            check!(
-                peak <= RSS_LIMIT,
-                "peak RSS {} MiB (a length read from the input allocated?)",
-                peak >> 20
-            );
-            accepted.fetch_add(ok as u64, Ordering::Relaxed);
-            Ok(())
-        });
-        let r = r.map_err(TestCaseError::fail);
-        started.store(0, Ordering::SeqCst);
-        r
-    });
-    done.store(true, Ordering::SeqCst);
-    watchdog.join().unwrap();
-    if let Err(e) = result {
-        panic!("fuzz {reader}: {e} (replay: SELECTINFER_FUZZ_SEED={seed})");
-    }
-    println!(
-        "fuzz {reader}: {} inputs, 0 panics ({} accepted, {:.1} s, seed {seed})",
-        tried.load(Ordering::Relaxed),
-        accepted.load(Ordering::Relaxed),
-        t0.elapsed().as_secs_f64()
-    );
-}
-
-/// What a file reader must answer: Ok, or an error whose message names
-/// the file.
-pub fn clear<T>(r: &anyhow::Result<T>, file: &Path) -> Result<(), String> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let msg = format!("{e:#}");
-            let name = file.file_name().unwrap().to_string_lossy();
-            if msg.contains(name.as_ref()) {
-                Ok(())
-            } else {
-                Err(format!("the error does not name {name}: {msg}"))
-            }
-        }
-    }
-}
-
-/// One input for a file reader.
-#[derive(Debug, Clone)]
-pub enum Input {
-    Noise(Noise),
-    /// Byte edits of valid file number `.0`.
-    Bytes(usize, Vec<Edit>),
-    /// Edits of the JSON header (`.0 == 0`) or of the JSON document inside
-    /// it (`.0 == 1`); with `.1` the header's sizes are made to agree with
-    /// the edited shapes (wrapping), so the reader's deeper checks run.
-    Json(usize, bool, Vec<JsonEdit>),
-}
-
-/// Noise, byte edits of `valid` files and, for `json` > 0, JSON edits.
-fn inputs(valid: usize, json: usize) -> BoxedStrategy<Input> {
-    let bytes = prop_oneof![
-        1 => noise().prop_map(Input::Noise),
-        3 => (0..valid, edits()).prop_map(|(i, e)| Input::Bytes(i, e)),
-    ];
-    if json == 0 {
-        return bytes.boxed();
-    }
-    prop_oneof![
-        4 => bytes,
-        3 => (0..json, any::<bool>(), json_edits()).prop_map(|(i, c, e)| Input::Json(i, c, e)),
-    ]
-    .boxed()
-}
 
 /// A safetensors file's bytes for `input` (`valid` the unmutated file;
 /// JSON document 1 is the ranking metadata string).
@@ -251,19 +92,6 @@ fn ranking_reader() {
     });
 }
 
-/// Reads bag `path` (a file or a folder): Ok with messages in time order,
-/// or an error naming `file`.
-fn check_bag(path: &Path, file: &Path) -> Result<bool, String> {
-    let r = read_bag(path);
-    clear(&r, file)?;
-    let Ok(m) = r else { return Ok(false) };
-    check!(
-        m.windows(2).all(|w| w[0].time_ns <= w[1].time_ns),
-        "messages out of time order"
-    );
-    Ok(true)
-}
-
 /// The bytes of a binary file reader's `input`.
 fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
     match input {
@@ -271,58 +99,6 @@ fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
         Input::Bytes(i, e) => apply(&valid[*i], e),
         Input::Json(..) => unreachable!("no JSON in this format"),
     }
-}
-
-#[test]
-fn bag_reader_mcap() {
-    let tmp = tempfile::tempdir().unwrap();
-    let valid = [
-        fixtures::mcap(true, false),
-        fixtures::mcap(false, false),
-        fixtures::mcap(true, true),
-    ];
-    let path = tmp.path().join("fuzz.mcap");
-    for v in &valid {
-        std::fs::write(&path, v).unwrap();
-        assert_eq!(read_bag(&path).unwrap().len(), 4, "the valid MCAP");
-    }
-    fuzz("bag mcap", inputs(3, 0), |input| {
-        std::fs::write(&path, file_bytes(&valid, b"\x89MCAP0\r\n", &input)).unwrap();
-        check_bag(&path, &path)
-    });
-}
-
-#[test]
-fn bag_reader_sqlite3() {
-    let tmp = tempfile::tempdir().unwrap();
-    let valid = [fixtures::db3(&tmp.path().join("valid.db3"))];
-    let path = tmp.path().join("fuzz.db3");
-    assert_eq!(read_bag(&tmp.path().join("valid.db3")).unwrap().len(), 4);
-    fuzz("bag sqlite3", inputs(1, 0), |input| {
-        std::fs::write(&path, file_bytes(&valid, b"SQLite format 3\0", &input)).unwrap();
-        check_bag(&path, &path)
-    });
-}
-
-#[test]
-fn bag_reader_folder_metadata() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("fuzz_bag");
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::write(dir.join("fuzz_bag_0.mcap"), fixtures::mcap(true, false)).unwrap();
-    let valid = [fixtures::bag_metadata("fuzz_bag_0.mcap").into_bytes()];
-    let yaml = dir.join("metadata.yaml");
-    std::fs::write(&yaml, &valid[0]).unwrap();
-    assert_eq!(read_bag(&dir).unwrap().len(), 4, "the valid bag folder");
-    fuzz("bag metadata.yaml", inputs(1, 0), |input| {
-        std::fs::write(
-            &yaml,
-            file_bytes(&valid, b"rosbag2_bagfile_information:", &input),
-        )
-        .unwrap();
-        // Errors name the folder (metadata.yaml and the storage file are in it).
-        check_bag(&dir, &dir)
-    });
 }
 
 /// A quantized checkpoint's bytes for `input`.

@@ -2,7 +2,7 @@
 # The selection methods' retention/speed-up frontier on the fidelity
 # instrument (docs/RESULTS.md, "Selection methods"): every method at several
 # budgets against dense at the same dtype, same prompts, one run; then the
-# plot (selectinfer_plot, feature `plot`).
+# plot (selectinfer_plot, the lab crate).
 # Usage: lab/scripts/fidelity_frontier.sh [MODEL_DIR] [LIMIT] [OUT_JSON]
 # Run by hand (Qwen 0.5B f16, 8 prompts per task: ~40 min on 2 cores).
 set -euo pipefail
@@ -27,5 +27,5 @@ cargo build --release --bin selectinfer
 target/release/selectinfer fidelity --model "$MODEL" --dtype "$DTYPE" --reference-dtype "$DTYPE" \
   --load-ratio 0.7 --static-ratio 0.2 --token-ratio 0.2 --dense-layers "0,$((LAYERS - 1))" \
   --limit "$LIMIT" --tokens 32 "${C[@]}" --json > "$OUT"
-cargo run --release --features plot --bin selectinfer_plot -- "$OUT" --out "${OUT%.json}.png" \
+cargo run --release -p selectinfer-lab --bin selectinfer_plot -- "$OUT" --out "${OUT%.json}.png" \
   --title "$(basename "$MODEL") $DTYPE: top-1 agreement vs decode speed-up ($LIMIT prompts/task)"

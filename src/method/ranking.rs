@@ -337,3 +337,15 @@ fn validate(r: &LayerRanking, name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// |A ∩ B| / |A ∪ B| of two neuron sets.
+pub fn jaccard<T: Copy + Eq + std::hash::Hash>(a: &[T], b: &[T]) -> f64 {
+    let set: std::collections::HashSet<T> = a.iter().copied().collect();
+    let inter = b.iter().filter(|x| set.contains(x)).count();
+    let union = a.len() + b.len() - inter;
+    if union == 0 {
+        1.0
+    } else {
+        inter as f64 / union as f64
+    }
+}

@@ -6,9 +6,7 @@
 //! model's preset — are found whatever the working directory
 //! ([`installed`], [`preset`]). The node and the CLI resolve a model here
 //! before the engine loads it; the engine itself only sees folders.
-//! Recorded rosbag2 bags of prompts are read here too ([`bag`]).
 
-pub mod bag;
 pub mod convert;
 pub mod home;
 pub mod installed;

@@ -119,10 +119,7 @@ impl Prompt {
 
 /// The prompt tokens of a tools row (its `messages` offering its
 /// `functions`), as eval renders them: what profiling a `tools` task reads.
-pub(crate) fn tools_prompt_ids(
-    codec: &crate::engine::text::TextCodec,
-    ex: &Example,
-) -> Result<Vec<u32>> {
+pub fn tools_prompt_ids(codec: &crate::engine::text::TextCodec, ex: &Example) -> Result<Vec<u32>> {
     tools_prompt(ex)?.ids(codec)
 }
 

@@ -1,12 +1,12 @@
-//! Tools around the engine (layer 5): fetching and converting real weights
-//! ([`prepare`], [`convert`]), the offline profiler ([`profile`]), the
+//! Tools around the engine (layer 6): the
 //! evaluation harness ([`eval`], [`metrics`], [`data`]), the teacher-forced
 //! [`fidelity`] instrument, benchmarks
 //! ([`bench`]), synthetic models of real shapes ([`synth`]), candle's
 //! quantized GGUF model as a baseline engine ([`gguf`]) and the CPU-vs-device
 //! parity check ([`parity`]), a task hot-swap against a restart
-//! ([`hotswap`]); with the `plot` feature, the fidelity
-//! instrument's retention/speed-up plot ([`plot`]).
+//! ([`hotswap`]), the presets' tuner ([`tune`]), BFCL tool-call rows
+//! ([`bfcl`]). The offline profiler and everything that reads rosbag2 bags
+//! is the workspace's `selectinfer-bagtools` crate; the plots are the lab's.
 
 pub mod bench;
 pub mod bfcl;
@@ -17,8 +17,5 @@ pub mod gguf;
 pub mod hotswap;
 pub mod metrics;
 pub mod parity;
-#[cfg(feature = "plot")]
-pub mod plot;
-pub mod profile;
 pub mod synth;
 pub mod tune;

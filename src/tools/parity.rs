@@ -77,7 +77,9 @@ pub fn parity(spec: &EngineSpec, device: &str, prompt: &str, steps: usize) -> Re
             let overlaps: Vec<f64> = c
                 .iter()
                 .zip(&d)
-                .filter_map(|(a, b)| Some(crate::tools::profile::jaccard(a.as_ref()?, b.as_ref()?)))
+                .filter_map(|(a, b)| {
+                    Some(crate::method::ranking::jaccard(a.as_ref()?, b.as_ref()?))
+                })
                 .collect();
             (!overlaps.is_empty()).then(|| overlaps.iter().sum::<f64>() / overlaps.len() as f64)
         }

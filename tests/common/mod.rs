@@ -6,8 +6,14 @@
 
 use std::path::PathBuf;
 
+/// The repository (workspace) root: this file is shared by the tests of
+/// the workspace's crates, whose manifests lie below it.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|d| d.join("package.xml").is_file())
+        .unwrap_or(&here)
+        .to_path_buf()
 }
 
 /// Folder of a prepared model under `models/` (or `$SELECTINFER_MODELS`).

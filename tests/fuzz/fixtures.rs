@@ -7,7 +7,6 @@ use candle_core::quantized::gguf_file::{self, Value as G};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use selectinfer::sys::device::Quant;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// A tiny synthetic llama folder in `dir` (config, weights, tokenizer,
@@ -85,83 +84,4 @@ pub fn gguf(arch: &str, metadata: &[(String, G)]) -> Vec<u8> {
     let mut out = std::io::Cursor::new(Vec::new());
     gguf_file::write(&mut out, &md, &ts).unwrap();
     out.into_inner()
-}
-
-/// A serialized `std_msgs/msg/String` (CDR, little endian).
-pub fn cdr_string(s: &str) -> Vec<u8> {
-    let mut b = vec![0, 1, 0, 0];
-    b.extend((s.len() as u32 + 1).to_le_bytes());
-    b.extend(s.as_bytes());
-    b.push(0);
-    b
-}
-
-pub const PROMPTS: [&str; 4] = ["pick up the cup", "go to the door", "stop", "what is 2+2?"];
-
-/// An MCAP bag of four prompts, chunked and zstd-compressed (the rosbag2
-/// default) or with the records unchunked; `raw`: chunked, uncompressed.
-pub fn mcap(chunked: bool, raw: bool) -> Vec<u8> {
-    let mut opts = mcap::WriteOptions::new().use_chunks(chunked || raw);
-    if raw {
-        opts = opts.compression(None);
-    }
-    let mut w = opts
-        .create(std::io::Cursor::new(Vec::new()))
-        .expect("mcap writer");
-    let schema = w
-        .add_schema("std_msgs/msg/String", "ros2msg", b"string data")
-        .unwrap();
-    let channel = w
-        .add_channel(schema, "/prompts", "cdr", &BTreeMap::new())
-        .unwrap();
-    for (i, p) in PROMPTS.iter().enumerate() {
-        let header = mcap::records::MessageHeader {
-            channel_id: channel,
-            sequence: i as u32,
-            log_time: 1_000 + i as u64 * 500,
-            publish_time: 1_000 + i as u64 * 500,
-        };
-        w.write_to_known_channel(&header, &cdr_string(p)).unwrap();
-    }
-    w.finish().unwrap();
-    w.into_inner().into_inner()
-}
-
-/// A rosbag2 sqlite3 bag (`.db3`) of the same four prompts, written at `path`.
-pub fn db3(path: &Path) -> Vec<u8> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.execute_batch(
-        "CREATE TABLE schema(schema_version INTEGER PRIMARY KEY, ros_distro TEXT NOT NULL);
-         CREATE TABLE topics(id INTEGER PRIMARY KEY, name TEXT NOT NULL, type TEXT NOT NULL,
-             serialization_format TEXT NOT NULL, offered_qos_profiles TEXT NOT NULL,
-             type_description_hash TEXT NOT NULL);
-         CREATE TABLE messages(id INTEGER PRIMARY KEY, topic_id INTEGER NOT NULL,
-             timestamp INTEGER NOT NULL, data BLOB NOT NULL);
-         CREATE INDEX timestamp_idx ON messages (timestamp ASC);
-         INSERT INTO schema VALUES (4, 'jazzy');
-         INSERT INTO topics VALUES (1, '/prompts', 'std_msgs/msg/String', 'cdr', '', '');",
-    )
-    .unwrap();
-    for (i, p) in PROMPTS.iter().enumerate() {
-        conn.execute(
-            "INSERT INTO messages (topic_id, timestamp, data) VALUES (1, ?1, ?2)",
-            rusqlite::params![1_000 + i as i64 * 500, cdr_string(p)],
-        )
-        .unwrap();
-    }
-    drop(conn);
-    std::fs::read(path).unwrap()
-}
-
-/// A rosbag2 folder's `metadata.yaml` naming one storage file.
-pub fn bag_metadata(file: &str) -> String {
-    format!(
-        "rosbag2_bagfile_information:\n  version: 9\n  storage_identifier: mcap\n  \
-         duration:\n    nanoseconds: 1500\n  starting_time:\n    nanoseconds_since_epoch: 1000\n  \
-         message_count: 4\n  topics_with_message_count:\n    - topic_metadata:\n        \
-         name: /prompts\n        type: std_msgs/msg/String\n        serialization_format: cdr\n      \
-         message_count: 4\n  compression_format: \"\"\n  compression_mode: \"\"\n  \
-         relative_file_paths:\n    - {file}\n  files:\n    - path: {file}\n      \
-         message_count: 4\n"
-    )
 }

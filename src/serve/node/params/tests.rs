@@ -360,7 +360,7 @@ fn every_descriptor_says_what_a_runtime_set_accepts() {
 
 /// docs/PARAMETERS.md as the declarations give it: one row a parameter.
 fn parameters_markdown() -> String {
-    use super::super::param_specs::Values;
+    use crate::serve::node::param_specs::Values;
     let defaults = NodeParams::default();
     let mut out = String::from(
         "# Node parameters\n\n\

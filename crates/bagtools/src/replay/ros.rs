@@ -3,7 +3,7 @@
 //! streamed tokens by request id.
 
 use super::{ReplayReport, RequestRecord};
-use crate::store::bag::{read_bag, BagMessage};
+use crate::bag::{read_bag, BagMessage};
 use anyhow::{bail, Context, Result};
 use futures::{FutureExt, StreamExt};
 use r2r::selectinfer_msgs::msg as si;
@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use crate::store::bag::{PROMPT_TYPE, STRING_TYPE};
+pub use crate::bag::{PROMPT_TYPE, STRING_TYPE};
 
 /// When prompts are published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,31 @@ pub enum Timing {
     Fast,
 }
 
-crate::sys::named::impl_named!(Timing, "timing", { Recorded => "recorded", Fast => "fast" });
+// The product's named-value rules (one parser, `Display`/`FromStr`),
+// written out: its `impl_named!` macro is internal to that crate.
+impl selectinfer::sys::named::Named for Timing {
+    const WHAT: &'static str = "timing";
+    const ALL: &'static [Self] = &[Self::Recorded, Self::Fast];
+    fn name(self) -> &'static str {
+        match self {
+            Self::Recorded => "recorded",
+            Self::Fast => "fast",
+        }
+    }
+}
+
+impl std::fmt::Display for Timing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(selectinfer::sys::named::Named::name(*self))
+    }
+}
+
+impl std::str::FromStr for Timing {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        selectinfer::sys::named::parse(s)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
@@ -280,10 +304,7 @@ pub fn run(opts: &ReplayOptions) -> Result<ReplayReport> {
     Ok(ReplayReport::new(
         &opts.bag.display().to_string(),
         &opts.node,
-        match opts.timing {
-            Timing::Recorded => "recorded",
-            Timing::Fast => "fast",
-        },
+        &opts.timing.to_string(),
         records,
         wall,
     ))

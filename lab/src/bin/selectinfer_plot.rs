@@ -1,6 +1,6 @@
 //! `selectinfer_plot`: the retention/speed-up plot of fidelity runs
 //! (`selectinfer fidelity --json` files) as a PNG. Build with
-//! `--features plot`.
+//! `cargo run --release -p selectinfer-lab --bin selectinfer_plot`.
 
 use anyhow::Result;
 use clap::Parser;
@@ -32,14 +32,14 @@ struct Args {
 fn main() -> Result<()> {
     let a = Args::parse();
     let files: Vec<&std::path::Path> = a.inputs.iter().map(PathBuf::as_path).collect();
-    let points = selectinfer::tools::plot::points(&files)?;
+    let points = selectinfer_lab::plot::points(&files)?;
     for p in &points {
         println!(
             "{:<60} speed-up {:.2}x  top-1 {:.3}  KL {:.3}",
             p.name, p.speedup, p.agreement, p.mean_kl
         );
     }
-    selectinfer::tools::plot::draw(&points, &a.title, &a.font, &a.out)?;
+    selectinfer_lab::plot::draw(&points, &a.title, &a.font, &a.out)?;
     println!("{}", a.out.display());
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! the per-request records and the report (latency percentiles, throughput,
 //! tokens/s, rejected and lost requests). The part that talks to ROS is
 //! [`ros`] (feature `ros`); this part works without it. Bags are read by
-//! [`crate::store::bag`].
+//! [`crate::bag`].
 
 #[cfg(feature = "ros")]
 pub mod ros;

@@ -2,7 +2,7 @@
 //! ~1,000-token system prompt before each of 10 questions, alternating
 //! rounds without and with the cache in one process (greedy, 8 new tokens).
 //!
-//! cargo run --release --example prefix_ttft -- [model dir] [dtype] [mode]
+//! cargo run --release -p selectinfer-lab --example prefix_ttft -- [model dir] [dtype] [mode]
 
 use selectinfer::engine::text::conversation;
 use selectinfer::engine::{EngineSpec, GenerateOptions};

@@ -3,7 +3,7 @@
 //! llama.cpp, quantizes activations to 8 bits inside its Q4 matmuls) and
 //! prints, at the first position where we differ from llama.cpp, our logit
 //! margin between our token and llama.cpp's.
-//! Run: cargo run --release --example greedy_divergence
+//! Run: cargo run --release -p selectinfer-lab --example greedy_divergence
 use candle_core::{Device, Tensor};
 use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;

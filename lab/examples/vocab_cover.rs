@@ -3,7 +3,7 @@
 //! frequencies from the prompts and references of dev rows 100.. of each
 //! file, then, on rows ..100, the share of reference tokens outside the top
 //! K (single bytes and the prompt's own tokens always kept).
-//! Run: cargo run --release --example vocab_cover -- TOKENIZER.json ../shared/data/*.dev.jsonl
+//! Run: cargo run --release -p selectinfer-lab --example vocab_cover -- TOKENIZER.json ../shared/data/*.dev.jsonl
 use std::collections::{HashMap, HashSet};
 fn fields(v: &serde_json::Value) -> (String, String) {
     let prompt = ["context", "question", "source", "document"]

@@ -5,7 +5,7 @@
 //! and down rows, stored together per neuron (one 5 KiB read each).
 //! Qwen2.5-0.5B's FFN shape, 24 layers, out of cache, alternated token by
 //! token. `SKIP_PRED=1` leaves the predictor out (its cost alone).
-//! Run: cargo run --release --example predicted_speed [KEEP]
+//! Run: cargo run --release -p selectinfer-lab --example predicted_speed [KEEP]
 use half::f16;
 use selectinfer::kernels::quant::{self, Q8Act, QFormat};
 use selectinfer::kernels::spin_pool::{DisjointSlice, SpinPool};

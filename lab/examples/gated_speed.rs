@@ -1,7 +1,7 @@
 //! The per-token gated MLP kernel against the plain one on Qwen2.5-0.5B's
 //! FFN shape (24 layers, 896 × 4864, f16, out of cache), alternated token
 //! by token in one process: GB/s of the bytes each actually reads, and
-//! ms per token. Run: cargo run --release --example gated_speed [KEEP]
+//! ms per token. Run: cargo run --release -p selectinfer-lab --example gated_speed [KEEP]
 //! (KEEP: neurons kept per group of 64, default 32).
 //!
 //! What it showed on the Zen 4 VM (docs/RESULTS.md, "Per-token gating"):

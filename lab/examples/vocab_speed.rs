@@ -2,7 +2,7 @@
 //! pages, out of cache) whole against restricted to an output vocabulary
 //! (`selectinfer::model::vocab`), alternated in one process: ms per
 //! decode step's logits. Run:
-//! cargo run --release --example vocab_speed [PREFIX] [EXTRA]
+//! cargo run --release -p selectinfer-lab --example vocab_speed [PREFIX] [EXTRA]
 //! (rows 0..PREFIX, then EXTRA rows spread evenly past it; default the
 //! `latin` cut of Qwen2.5: 99,156 and 4,992).
 use half::f16;

@@ -1,4 +1,4 @@
-//! The retention/speed-up plot of `selectinfer_plot` (feature `plot`):
+//! The retention/speed-up plot of `selectinfer_plot`:
 //! for each selection method, top-1 agreement with dense (mean over tasks)
 //! against the decode speed-up its bytes per token give over dense, from
 //! the JSON that `selectinfer fidelity --json` writes.
@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// One candidate of a fidelity run: its name and per-task figures.
 #[derive(serde::Deserialize)]
-struct Column(String, Vec<crate::tools::fidelity::TaskFidelity>);
+struct Column(String, Vec<selectinfer::tools::fidelity::TaskFidelity>);
 
 /// A point of the plot.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +79,7 @@ pub fn points(files: &[&Path]) -> Result<Vec<Point>> {
                 f.display()
             )
         })?;
-        let mean = |c: &Column, v: fn(&crate::tools::fidelity::TaskFidelity) -> f64| {
+        let mean = |c: &Column, v: fn(&selectinfer::tools::fidelity::TaskFidelity) -> f64| {
             c.1.iter().map(v).sum::<f64>() / c.1.len().max(1) as f64
         };
         let dense = cols

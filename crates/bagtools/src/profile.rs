@@ -1,6 +1,6 @@
 //! The offline profiler (SelectInfer phase 1): scores every FFN neuron of
 //! every layer on prompts of several tasks and turns the scores into
-//! rankings (see [`crate::method::ranking`] for the file).
+//! rankings (see [`selectinfer::method::ranking`] for the file).
 //!
 //! Score of neuron n: s_n = Σ_t |a_n(t)|, with a = the input of `down_proj`
 //! (silu(gate)·up), summed over the prompt tokens of a task plus up to
@@ -19,14 +19,16 @@
 //! odd examples) so that [`ProfileRun::report`] can tell how stable the
 //! rankings are.
 
-use crate::engine::text::{conversation, Message};
-use crate::engine::Engine;
-use crate::method::ranking::{LayerRanking, ModelIdentity, Ranking, RankingMeta, TaskMeta};
-use crate::store::bag::{self, RecordedPrompt};
-use crate::tools::data;
+use crate::bag::{self, RecordedPrompt};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
+use selectinfer::engine::text::{conversation, Message};
+use selectinfer::engine::Engine;
+use selectinfer::method::ranking::{
+    jaccard, LayerRanking, ModelIdentity, Ranking, RankingMeta, TaskMeta,
+};
+use selectinfer::tools::data;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -149,7 +151,7 @@ impl ProfileConfig {
                     d.task
                 );
             }
-            if d.task.is_empty() || d.task == crate::method::ranking::MODEL_WIDE {
+            if d.task.is_empty() || d.task == selectinfer::method::ranking::MODEL_WIDE {
                 bail!("invalid task name '{}'", d.task);
             }
             match &d.topic {
@@ -277,7 +279,7 @@ fn task_job<'a>(
         None => {
             let examples = data::load_jsonl(&spec.path, None)
                 .with_context(|| format!("loading the '{}' dataset", spec.task))?;
-            let (_, sha) = crate::model::checkpoint::sha256_file(&spec.path)?;
+            let (_, sha) = selectinfer::model::checkpoint::sha256_file(&spec.path)?;
             (Rows::Jsonl(examples), sha)
         }
         Some(topic) => {
@@ -310,8 +312,8 @@ fn task_job<'a>(
             Rows::Jsonl(examples) if spec.template.is_empty() => {
                 let e = &examples[i];
                 let label = format!("example {}", e.id);
-                let ids =
-                    crate::tools::eval::tools_prompt_ids(&engine.codec, e).with_context(|| {
+                let ids = selectinfer::tools::eval::tools_prompt_ids(&engine.codec, e)
+                    .with_context(|| {
                         format!("task '{}' {label} (no template: a tools row)", spec.task)
                     })?;
                 (label, ids)
@@ -508,7 +510,7 @@ fn profile_example(
 }
 
 fn build_ranking(
-    mcfg: &crate::model::Config,
+    mcfg: &selectinfer::model::Config,
     model_dir: &Path,
     cfg: &ProfileConfig,
     tasks: &[TaskResult],
@@ -527,10 +529,10 @@ fn build_ranking(
         .collect();
     Ok(Ranking {
         meta: RankingMeta {
-            format: crate::method::ranking::FORMAT.to_string(),
-            version: crate::method::ranking::VERSION,
+            format: selectinfer::method::ranking::FORMAT.to_string(),
+            version: selectinfer::method::ranking::VERSION,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
-            model: ModelIdentity::new(mcfg, crate::model::weights_sha256(model_dir)?),
+            model: ModelIdentity::new(mcfg, selectinfer::model::weights_sha256(model_dir)?),
             tasks: tasks.iter().map(|t| t.meta.clone()).collect(),
             generated_tokens: cfg.generated_tokens,
             score: "sum over tokens of |silu(gate)*up| (down_proj input), divided by the task's token count; model_wide = mean over tasks".to_string(),
@@ -542,18 +544,6 @@ fn build_ranking(
             .collect(),
         model_wide: LayerRanking::from_scores(to_f32(&mean)),
     })
-}
-
-/// |A ∩ B| / |A ∪ B| of two neuron sets.
-pub fn jaccard<T: Copy + Eq + std::hash::Hash>(a: &[T], b: &[T]) -> f64 {
-    let set: std::collections::HashSet<T> = a.iter().copied().collect();
-    let inter = b.iter().filter(|x| set.contains(x)).count();
-    let union = a.len() + b.len() - inter;
-    if union == 0 {
-        1.0
-    } else {
-        inter as f64 / union as f64
-    }
 }
 
 /// Share of a layer's total score held by its top `frac` neurons.

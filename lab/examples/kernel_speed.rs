@@ -1,7 +1,7 @@
 //! Streams the decode matvecs of one SmolLM2 token through the kernels, without
 //! any other op, to see what the kernels alone reach, next to the bandwidth
 //! probe of `bench --bandwidth` in the same process.
-//! Run: cargo run --release --example kernel_speed [f16]
+//! Run: cargo run --release -p selectinfer-lab --example kernel_speed [f16]
 //!
 //! The weights lie in one buffer advised for huge pages before it is
 //! written, like the model's (`selectinfer::sys::hugepages`): the kernels stream

@@ -1,7 +1,7 @@
 //! Streams one SmolLM2-shaped token's quantized rows through the quantized
 //! kernels alone (matvec over every row, one thread and the decode pool),
 //! per block format, to see what they reach in GB/s.
-//! Run: cargo run --release --example quant_speed
+//! Run: cargo run --release -p selectinfer-lab --example quant_speed
 use selectinfer::kernels::quant::{self, Q8Act, QFormat};
 use std::time::Instant;
 

@@ -4,14 +4,15 @@
 //! the real SmolLM2 weights; a bag without the topic, a message of another
 //! type and a truncated message are refused naming what is wrong.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use selectinfer::engine::Engine;
 use selectinfer::method::ranking::Ranking;
 use selectinfer::model::LoadOptions;
-use selectinfer::store::bag::{decode_prompt, read_prompts, PROMPT_TYPE, STRING_TYPE};
 use selectinfer::tools::data;
-use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
+use selectinfer_bagtools::bag::{decode_prompt, read_prompts, PROMPT_TYPE, STRING_TYPE};
+use selectinfer_bagtools::profile::{self, DatasetSpec, ProfileConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,6 +1,6 @@
 //! Times the CPU decode attention (`kernels::decode_attention`) at SmolLM2's
 //! shape (9 query heads, 3 kv heads, head_dim 64) for a few cache lengths.
-//! Run: cargo run --release --example attn_speed
+//! Run: cargo run --release -p selectinfer-lab --example attn_speed
 use candle_core::Layout;
 use selectinfer::kernels::decode_attention;
 use std::time::Instant;

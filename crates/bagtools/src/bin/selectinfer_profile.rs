@@ -8,7 +8,7 @@ use selectinfer::engine::Engine;
 use selectinfer::model::LoadOptions;
 use selectinfer::store::home::{self, Missing};
 use selectinfer::sys::device::WeightDtype;
-use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
+use selectinfer_bagtools::profile::{self, DatasetSpec, ProfileConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

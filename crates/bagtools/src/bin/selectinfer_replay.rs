@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use selectinfer::serve::replay::ros::{run, Progress, ReplayOptions, Timing};
+use selectinfer_bagtools::replay::ros::{run, Progress, ReplayOptions, Timing};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,12 +1,13 @@
 //! The profiler and its ranking files, on the real SmolLM2 weights with a
 //! few examples per task.
 
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use selectinfer::engine::Engine;
 use selectinfer::method::ranking::{Ranking, MODEL_WIDE};
 use selectinfer::model::{weights_sha256, Config, LoadOptions};
-use selectinfer::tools::profile::{self, DatasetSpec, ProfileConfig};
+use selectinfer_bagtools::profile::{self, DatasetSpec, ProfileConfig};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -3,7 +3,7 @@
 //! the plain loops they replaced, on SmolLM2's `[1536, 576]` MLP shape, one
 //! thread, variants alternated round by round in one process (this VM's speed
 //! drifts). Prints each variant's best round and the ratio.
-//! Run: cargo run --release --example portable_kernels
+//! Run: cargo run --release -p selectinfer-lab --example portable_kernels
 use half::f16;
 use selectinfer::kernels::portable;
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! 2 bits, alternated in one process: ms per decode step's logits (the
 //! copy's scores over every row, then `K` rows exact), and the exact head.
 //! Run (after `selectinfer prepare-model qwen2.5-coder-0.5b-instruct`):
-//! cargo run --release --example screen_speed [MODEL_DIR] [K4] [K2]
+//! cargo run --release -p selectinfer-lab --example screen_speed [MODEL_DIR] [K4] [K2]
 use selectinfer::kernels::spin_pool::SpinPool;
 use selectinfer::model::head_screen::{HeadScreen, ScreenBits};
 use selectinfer::model::linear::Linear;
