@@ -296,7 +296,7 @@ pub trait Generator {
 }
 
 /// The forward passes of one generation, as [`decode_loop`] drives them.
-pub trait Steps {
+pub(crate) trait Steps {
     /// Runs the prompt; returns the logits of its last token.
     fn prefill(&mut self, prompt: &[u32]) -> Result<Tensor>;
     /// One-time work after the first token is out (the compact weights);
@@ -327,7 +327,7 @@ enum NameCheck {
 }
 
 /// What [`decode_loop`] measured.
-pub struct LoopOutput {
+pub(crate) struct LoopOutput {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub ttft_s: f64,
@@ -339,7 +339,7 @@ pub struct LoopOutput {
 
 impl LoopOutput {
     /// The statistics of a generation of `prompt_tokens` prompt tokens.
-    pub fn into_generation(
+    pub(crate) fn into_generation(
         self,
         prompt_tokens: usize,
         compute_ratio: f64,
@@ -373,7 +373,7 @@ impl LoopOutput {
 /// around any model's `steps`: prefill, sample, then step token by token
 /// until a stop token or string, the grammar's end, `max_new_tokens` or
 /// `on_text` returning false.
-pub fn decode_loop(
+pub(crate) fn decode_loop(
     codec: &TextCodec,
     prompt: &[u32],
     opts: &GenerateOptions,

@@ -102,7 +102,7 @@ pub const CLI: Defaults = Defaults {
 /// catalog model's preset, `config/models/NAME.yaml`, sets the method's
 /// knobs over these): the CLI's, with the first and last layers kept
 /// whole should a mode be chosen without them.
-pub const NODE: Defaults = Defaults {
+pub(crate) const NODE: Defaults = Defaults {
     dense_layers: &[0, -1],
     ..CLI
 };
@@ -115,46 +115,46 @@ pub const MODEL_NAME: &str = "qwen2.5-coder-1.5b-instruct";
 /// returned to the system when freed
 /// ([`crate::sys::memory::bound_allocator_retention`]): glibc's starting
 /// value, kept fixed (peak RSS ≤ 1.1× RSS after load; docs/BENCHMARKS.md).
-pub const MALLOC_MMAP_THRESHOLD: usize = 128 * 1024;
+pub(crate) const MALLOC_MMAP_THRESHOLD: usize = 128 * 1024;
 /// glibc malloc arenas (by default one per thread, each keeping what its
 /// thread freed).
-pub const MALLOC_ARENAS: usize = 1;
+pub(crate) const MALLOC_ARENAS: usize = 1;
 
 /// Node only: requests waiting at most; more are rejected.
-pub const QUEUE_DEPTH: usize = 8;
+pub(crate) const QUEUE_DEPTH: usize = 8;
 
 /// Node only: the system turn of conversations that bring none; empty = the
 /// chat template's own default (SmolLM2's and Qwen's name themselves).
-pub const SYSTEM_PROMPT: &str = "";
+pub(crate) const SYSTEM_PROMPT: &str = "";
 
 /// Reuse the last prompt's cache for a prompt that starts the same.
-pub const PREFIX_CACHE: bool = true;
+pub(crate) const PREFIX_CACHE: bool = true;
 
 /// Node only: configure and activate (load the model, serve) at start-up.
-pub const AUTOSTART: bool = true;
+pub(crate) const AUTOSTART: bool = true;
 
 /// Node only: the file runtime parameter changes are kept in and read back
 /// from at start-up (a respawned node keeps them); empty = not kept.
-pub const RUNTIME_PARAMS_FILE: &str = "";
+pub(crate) const RUNTIME_PARAMS_FILE: &str = "";
 
 /// Compute threads; 0 = one per core (or `RAYON_NUM_THREADS`).
-pub const THREADS: usize = 0;
+pub(crate) const THREADS: usize = 0;
 /// Node only: the `std_msgs/String` instruction topic.
-pub const INSTRUCTION_TOPIC: &str = "~/instructions";
+pub(crate) const INSTRUCTION_TOPIC: &str = "~/instructions";
 /// Node only: milliseconds at least between two replies (service responses,
 /// `~/response` messages), so a burst of rejections cannot overflow a
 /// default-QoS client's reply history (`serve::node::pacer`).
-pub const REPLY_PACE_MS: f64 = 5.0;
+pub(crate) const REPLY_PACE_MS: f64 = 5.0;
 /// Node only: seconds between `/diagnostics` messages.
-pub const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
+pub(crate) const DIAGNOSTICS_PERIOD_S: f64 = 1.0;
 /// Node only: seconds an action goal's result stays available to
 /// `get_result` after the goal ends; then the goal leaves the status topic
 /// and its memory is freed. rcl's default is 10 s (Jazzy); a minute leaves
 /// a planner whose executor lags time to ask, and keeps the status list to
 /// the goals of the last minute.
-pub const GOAL_RESULT_TIMEOUT_S: f64 = 60.0;
+pub(crate) const GOAL_RESULT_TIMEOUT_S: f64 = 60.0;
 /// Tasks a request may name when the mode has no ranking file.
-pub const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
+pub(crate) const TASKS: [&str; 3] = ["qa", "summarization", "translation"];
 /// `selectinfer eval`: new tokens per example.
 pub const EVAL_MAX_NEW_TOKENS: usize = 64;
 /// `selectinfer bench`: tokens decoded per prompt.
@@ -187,7 +187,7 @@ impl Defaults {
         }
     }
 
-    pub fn sampling(&self) -> Sampling {
+    pub(crate) fn sampling(&self) -> Sampling {
         Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -200,7 +200,7 @@ impl Defaults {
 /// [`LoadOptions`]): the weights as stored, which every model folder has (a
 /// synthetic one has no q4 file). The front ends, CLI and node, default to
 /// [`CLI`]'s q4.
-pub const LIBRARY_DTYPE: WeightDtype = WeightDtype::F32;
+pub(crate) const LIBRARY_DTYPE: WeightDtype = WeightDtype::F32;
 
 impl Default for Sampling {
     fn default() -> Self {

@@ -65,7 +65,7 @@ impl Engine {
 
     /// [`Engine::load_with_method`] with the tokenizer already loaded (a
     /// memory plan measures the process with it).
-    pub fn load_with_codec(
+    pub(crate) fn load_with_codec(
         dir: &Path,
         opts: &LoadOptions,
         method: Option<Method>,
@@ -141,21 +141,21 @@ impl Engine {
 
     /// φ and α the engine selects with per prompt, `None` when the mode
     /// computes every loaded neuron (dense, load-only).
-    pub fn selection(&self) -> Option<(f64, f64)> {
+    pub(crate) fn selection(&self) -> Option<(f64, f64)> {
         self.selectors.as_ref()?;
         let p = &self.method.as_ref()?.params;
         Some((p.compute_ratio, p.token_ratio))
     }
 
     /// The method's parameters, `None` for dense.
-    pub fn params(&self) -> Option<&SelectionParams> {
+    pub(crate) fn params(&self) -> Option<&SelectionParams> {
         self.method.as_ref().map(|m| &m.params)
     }
 
     /// Changes φ (`compute_ratio`) and α (`token_ratio`) for the next prompts,
     /// validated against the load-time γ and δ. Only modes that select per
     /// prompt (selectinfer, coreinfer, random-load) accept it.
-    pub fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
+    pub(crate) fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
         let layers = self.model.config().num_hidden_layers;
         self.reselect(|p| p.with_selection(compute_ratio, token_ratio, layers))
     }
@@ -191,7 +191,7 @@ impl Engine {
     /// (another task's base set): the model reads only the neurons the new
     /// plan adds and frees those it drops ([`Model::swap_ffn`]), and the
     /// selection rules are rebuilt. Returns the neurons read.
-    pub fn swap_method(&mut self, method: Method) -> Result<usize> {
+    pub(crate) fn swap_method(&mut self, method: Method) -> Result<usize> {
         let mode = self.method.as_ref().map(|m| m.mode);
         if mode != Some(method.mode) {
             bail!(
@@ -430,7 +430,7 @@ impl Engine {
     /// pass through the prefill path on the same rows. Returns per
     /// selection the logits after the prompt and after each forced token,
     /// and the weight bytes each decode token reads.
-    pub fn forced_logits_for(
+    pub(crate) fn forced_logits_for(
         &mut self,
         prompt: &[u32],
         forced: &[u32],

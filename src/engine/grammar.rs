@@ -74,7 +74,7 @@ impl Grammars {
     /// The trie of `tokenizer`'s vocabulary (a byte-level BPE, as SmolLM2's
     /// and Qwen's), padded to the model's `n_vocab` logits; `eos`: the ids
     /// that end a turn (allowed once the grammar is complete).
-    pub fn new(tokenizer: Arc<Tokenizer>, n_vocab: usize, eos: &[u32]) -> Result<Self> {
+    pub(crate) fn new(tokenizer: Arc<Tokenizer>, n_vocab: usize, eos: &[u32]) -> Result<Self> {
         let what = "building the grammar vocabulary";
         let mut words = token_bytes(&tokenizer).context(what)?;
         if words.len() > n_vocab {
@@ -125,12 +125,12 @@ impl Grammars {
     }
 
     /// Whether each token holds `<` or a backtick (special tokens: false).
-    pub fn call_bytes(&self) -> &[bool] {
+    pub(crate) fn call_bytes(&self) -> &[bool] {
         &self.call_bytes
     }
 
     /// Each token's first byte (0 for special and empty tokens).
-    pub fn first_bytes(&self) -> &[u8] {
+    pub(crate) fn first_bytes(&self) -> &[u8] {
         &self.first_bytes
     }
 
@@ -251,14 +251,14 @@ impl Constraint {
     }
 
     /// Advances over the sampled `token` (one the mask allowed).
-    pub fn accept(&mut self, token: u32) -> Result<()> {
+    pub(crate) fn accept(&mut self, token: u32) -> Result<()> {
         self.matcher
             .consume_token(token)
             .map_err(|e| anyhow::anyhow!("the grammar refused token {token}: {e}"))
     }
 
     /// Whether the grammar admits nothing more (the answer is complete).
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         self.matcher.is_stopped()
     }
 }

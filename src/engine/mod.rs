@@ -10,14 +10,14 @@ pub mod decode;
 pub mod defaults;
 pub mod generate;
 pub mod grammar;
-pub mod prefix;
+pub(crate) mod prefix;
 pub mod sampling;
 pub mod spec;
-pub mod stops;
+pub(crate) mod stops;
 pub mod text;
-pub mod tool_calls;
+pub(crate) mod tool_calls;
 pub mod tool_offer;
-pub mod vocab;
+pub(crate) mod vocab;
 
 pub use decode::{CallGate, CallThresholds, GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;

@@ -20,13 +20,13 @@ use crate::model::KvCache;
 
 /// Per-layer selection statistics after the first `at` prompt tokens.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub at: usize,
     pub counts: Vec<PromptCounts>,
 }
 
 /// The last prompt and its cache.
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     /// The prompt whose positions `0..tokens.len()` the cache holds (the
     /// generated tokens after them are not reused: in selective modes decode
     /// computed them on the chosen neurons only).
@@ -37,7 +37,7 @@ pub struct PrefixCache {
 }
 
 /// What a new prompt takes over from the cache.
-pub struct Reuse {
+pub(crate) struct Reuse {
     /// Prompt tokens already in `cache`.
     pub tokens: usize,
     pub cache: KvCache,
@@ -50,7 +50,7 @@ pub struct Reuse {
 
 impl Reuse {
     /// Nothing reused: a prompt prefilled whole into `cache` (empty).
-    pub fn none(cache: KvCache) -> Self {
+    pub(crate) fn none(cache: KvCache) -> Self {
         Self {
             tokens: 0,
             cache,
@@ -64,7 +64,7 @@ impl PrefixCache {
     /// The part of `prompt` this cache holds: the common prefix, at most all
     /// but the prompt's last token (its logits start the answer), and for
     /// `selective` modes only up to a checkpoint. The cache is cut to it.
-    pub fn reuse(self, prompt: &[u32], selective: bool) -> Reuse {
+    pub(crate) fn reuse(self, prompt: &[u32], selective: bool) -> Reuse {
         let common = self
             .tokens
             .iter()

@@ -76,7 +76,7 @@ impl EngineSpec {
     /// The ranking file this spec uses: explicit, else one inside the model
     /// folder (synthetic models carry theirs), else the model's default in
     /// the source tree's `rankings/`.
-    pub fn ranking_path(&self) -> Option<PathBuf> {
+    pub(crate) fn ranking_path(&self) -> Option<PathBuf> {
         let inside = self.model.join(crate::method::ranking::IN_MODEL_FILE);
         self.ranking
             .clone()
@@ -153,7 +153,7 @@ impl EngineSpec {
     }
 
     /// Checks that the model folder exists and has a config.
-    pub fn check_model_folder(&self) -> Result<()> {
+    pub(crate) fn check_model_folder(&self) -> Result<()> {
         let m = &self.model;
         if !m.is_dir() {
             bail!(
@@ -187,7 +187,7 @@ impl EngineSpec {
     /// Under a memory budget: these settings with the γ the budget gives,
     /// and the plan (logged); without one, the settings as they are. The
     /// process's resident memory now is the plan's runtime.
-    pub fn planned(&self) -> Result<(EngineSpec, Option<MemoryPlan>)> {
+    pub(crate) fn planned(&self) -> Result<(EngineSpec, Option<MemoryPlan>)> {
         let Some(mb) = self.memory_budget_mb else {
             return Ok((self.clone(), None));
         };
@@ -246,7 +246,7 @@ impl EngineSpec {
 
 impl Defaults {
     /// The engine these defaults describe.
-    pub fn engine_spec(&self) -> EngineSpec {
+    pub(crate) fn engine_spec(&self) -> EngineSpec {
         EngineSpec {
             model: PathBuf::from(self.model),
             dtype: self.dtype,

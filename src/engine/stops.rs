@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 
 /// Where the text stands against the stop strings.
-pub struct StopStrings {
+pub(crate) struct StopStrings {
     stops: Vec<String>,
     text: String,
     emitted: usize,
@@ -14,13 +14,13 @@ pub struct StopStrings {
 
 impl StopStrings {
     /// Longest stop string accepted, in bytes.
-    pub const MAX_LEN: usize = 256;
+    pub(crate) const MAX_LEN: usize = 256;
     /// Stop strings per request at most.
-    pub const MAX_COUNT: usize = 16;
+    pub(crate) const MAX_COUNT: usize = 16;
 
     /// Checks a request's stop strings: none empty, at most
     /// [`Self::MAX_COUNT`] of at most [`Self::MAX_LEN`] bytes.
-    pub fn check(stops: &[String]) -> Result<()> {
+    pub(crate) fn check(stops: &[String]) -> Result<()> {
         if stops.len() > Self::MAX_COUNT {
             bail!(
                 "{} stop strings given, at most {} are taken",
@@ -43,7 +43,7 @@ impl StopStrings {
         Ok(())
     }
 
-    pub fn new(stops: &[String]) -> Result<Self> {
+    pub(crate) fn new(stops: &[String]) -> Result<Self> {
         Self::check(stops)?;
         Ok(Self {
             stops: stops.to_vec(),
@@ -54,7 +54,7 @@ impl StopStrings {
 
     /// Adds a piece of generated text; returns the text that can be shown
     /// now and whether a stop string was reached (the text ends before it).
-    pub fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.text.push_str(piece);
         // A stop string can only start in text not shown yet (whatever
         // could start one is held back): no need to search the whole answer.
@@ -85,12 +85,12 @@ impl StopStrings {
     }
 
     /// What is still held back (generation ended without a stop string).
-    pub fn finish(&mut self) -> String {
+    pub(crate) fn finish(&mut self) -> String {
         self.take(self.text.len())
     }
 
     /// The answer so far (before any stop string reached).
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         &self.text
     }
 

@@ -41,7 +41,7 @@ impl Message {
 
 /// Roles a conversation may hold (`tool`: a call's result, after the
 /// assistant turn that made the call).
-pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+pub(crate) const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 /// The conversation a request asks for: `system_prompt` (when not empty and
 /// the messages bring no system turn of their own), then `messages`, then
@@ -138,7 +138,7 @@ const TURN_END_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>"];
 impl TextCodec {
     /// The tokenizer of the model folder `dir`, with the end-of-sequence
     /// ids of its `config.json`.
-    pub fn from_model_dir(dir: &Path) -> Result<Self> {
+    pub(crate) fn from_model_dir(dir: &Path) -> Result<Self> {
         let cfg = crate::model::Config::from_file(&dir.join("config.json"))?;
         Self::from_dir(dir, &cfg.eos_token_ids())
     }
@@ -194,7 +194,7 @@ impl TextCodec {
     /// How a tool call's opening and closing markers are written in a
     /// grammar: the special tokens by id where the vocabulary has them
     /// (what the model was trained to emit), else the literal text.
-    pub fn tool_call_markers(&self) -> (String, String) {
+    pub(crate) fn tool_call_markers(&self) -> (String, String) {
         let item = |m: &str| match self.kept_specials.iter().find(|(_, t)| t == m) {
             Some((id, _)) => format!("<[{id}]>"),
             None => format!("{m:?}"),
@@ -203,7 +203,7 @@ impl TextCodec {
     }
 
     /// The call markers' token ids, where they are special tokens.
-    pub fn tool_call_marker_ids(&self) -> Option<(u32, u32)> {
+    pub(crate) fn tool_call_marker_ids(&self) -> Option<(u32, u32)> {
         let id = |m: &str| {
             self.kept_specials
                 .iter()
@@ -213,7 +213,7 @@ impl TextCodec {
         Some((id(tool_calls::CALL_OPEN)?, id(tool_calls::CALL_CLOSE)?))
     }
 
-    pub fn tokenizer(&self) -> &Tokenizer {
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
 
@@ -288,7 +288,11 @@ impl TextCodec {
     /// Renders a conversation that offers `tools` (and may hold calls and
     /// their results): through the template's own tools block where it has
     /// one (Qwen2.5's), else as Qwen2.5's text ([`Self::template_turns`]).
-    pub fn render_chat_with_tools(&self, messages: &[Message], tools: &[Tool]) -> Result<String> {
+    pub(crate) fn render_chat_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+    ) -> Result<String> {
         self.render(messages, tools, true)
     }
 

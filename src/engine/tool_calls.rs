@@ -14,11 +14,11 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 /// The markers around a call, as Qwen2.5 writes them.
-pub const CALL_OPEN: &str = "<tool_call>";
-pub const CALL_CLOSE: &str = "</tool_call>";
+pub(crate) const CALL_OPEN: &str = "<tool_call>";
+pub(crate) const CALL_CLOSE: &str = "</tool_call>";
 /// What a call's JSON holds just before the function's name (the grammar
 /// writes `name` first, with these separators).
-pub const NAME_OPEN: &str = "{\"name\": \"";
+pub(crate) const NAME_OPEN: &str = "{\"name\": \"";
 
 /// One function a request offers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,7 +67,7 @@ pub struct ToolCall {
 /// What a generation said: its text outside the calls, the calls, and
 /// the call blocks that did not parse or name no offered function.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Calls {
+pub(crate) struct Calls {
     pub content: String,
     pub calls: Vec<ToolCall>,
     pub invalid: usize,
@@ -173,7 +173,7 @@ fn normalize(schema: &Value, at: &str) -> Result<Value> {
 /// `{"name", "description", "parameters"}` or OpenAI's `{"type":
 /// "function", "function": {...}}`. A malformed one is an error naming the
 /// tool and the problem.
-pub fn parse_tools(text: &str) -> Result<Vec<Tool>> {
+pub(crate) fn parse_tools(text: &str) -> Result<Vec<Tool>> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
@@ -254,7 +254,7 @@ fn merge_shown(given: &Value, normalized: &Value) -> Value {
 impl Tool {
     /// The tool as chat templates take it (OpenAI's form, which Qwen2.5's
     /// template writes into its `<tools>` block).
-    pub fn template_value(&self) -> Value {
+    pub(crate) fn template_value(&self) -> Value {
         json!({
             "type": "function",
             "function": {
@@ -298,7 +298,7 @@ fn strip_shown(v: &Value) -> Value {
 
 /// The system text that shows `tools` to a model whose chat template has
 /// no tools block: Qwen2.5's own words.
-pub fn tools_system_text(system: &str, tools: &[Tool]) -> String {
+pub(crate) fn tools_system_text(system: &str, tools: &[Tool]) -> String {
     let mut s = String::from(system);
     if !s.is_empty() {
         s.push_str("\n\n");
@@ -314,7 +314,7 @@ pub fn tools_system_text(system: &str, tools: &[Tool]) -> String {
 
 /// JSON as Python's `json.dumps` writes it (`", "` and `": "`; non-ASCII
 /// kept): what the Hugging Face templates' `tojson` gives.
-pub fn python_json(v: &Value) -> String {
+pub(crate) fn python_json(v: &Value) -> String {
     match v {
         Value::Object(m) => format!(
             "{{{}}}",
@@ -349,7 +349,7 @@ pub fn python_json(v: &Value) -> String {
 /// `markers` are the call's opening and closing markers as grammar items
 /// ([`crate::engine::text::TextCodec::tool_call_markers`]: special tokens
 /// by id, or quoted text).
-pub fn grammar(
+pub(crate) fn grammar(
     tools: &[Tool],
     choice: &ToolChoice,
     parallel: bool,
@@ -421,7 +421,7 @@ pub fn grammar(
 /// one (name and arguments) is dropped. `lenient` also takes any
 /// call object found in the text (to score another engine's unconstrained
 /// answers, as BFCL-style lenient scoring does).
-pub fn read_calls(text: &str, tools: &[Tool], lenient: bool) -> Calls {
+pub(crate) fn read_calls(text: &str, tools: &[Tool], lenient: bool) -> Calls {
     let mut out = Calls::default();
     let push = |out: &mut Calls, body: &str| match call_of(body, tools) {
         // The same call twice in one answer is made once.

@@ -51,7 +51,7 @@ impl Offer {
     }
 
     /// Whether calls are to be read from the answer.
-    pub fn calls_wanted(&self) -> bool {
+    pub(crate) fn calls_wanted(&self) -> bool {
         !self.tools.is_empty() && self.choice != ToolChoice::None
     }
 }

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 impl Engine {
     /// Computes only the output tokens `rule` keeps from now on (the
     /// lm_head rows; [`crate::method::vocab`]).
-    pub fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
+    pub(crate) fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
         let (vocab, keep) = match rule {
             VocabRule::All => (None, None),
             _ => {
@@ -65,7 +65,7 @@ impl Engine {
     /// 0 computes every row exactly and frees the copy. Off a CPU the
     /// whole head is computed (the screen is a CPU decode's saving; the
     /// node's default asks for one), with a warning.
-    pub fn set_head_screen(&mut self, k: usize, bits: ScreenBits) -> Result<()> {
+    pub(crate) fn set_head_screen(&mut self, k: usize, bits: ScreenBits) -> Result<()> {
         let device = self.model.device().clone();
         if k > 0 && !device.is_cpu() {
             log::warn!("head_screen {k} ignored on {device:?}: every lm_head row is computed");

@@ -16,10 +16,10 @@
 use super::cpu_features;
 
 /// Neurons per quad tile ([`super::quads`]).
-pub const QUAD: usize = 4;
+pub(crate) const QUAD: usize = 4;
 
 /// Weights per block.
-pub const QK: usize = 32;
+pub(crate) const QK: usize = 32;
 
 /// A block format, as ggml names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,7 +51,7 @@ impl QFormat {
     }
 
     /// ggml's name for the format (candle's `GgmlDType`).
-    pub fn ggml(self) -> candle_core::quantized::GgmlDType {
+    pub(crate) fn ggml(self) -> candle_core::quantized::GgmlDType {
         use candle_core::quantized::GgmlDType;
         match self {
             Self::Q4_0 => GgmlDType::Q4_0,
@@ -69,7 +69,7 @@ impl QFormat {
     /// Whether a `Q8_0` block holds this format's weights exactly
     /// ([`widen_to_q8_0`]): every format but `Q4_1`, whose `d·q + m` is
     /// not a scale times an integer in general.
-    pub const fn exact_in_q8_0(self) -> bool {
+    pub(crate) const fn exact_in_q8_0(self) -> bool {
         !matches!(self, Self::Q4_1)
     }
 }
@@ -142,7 +142,7 @@ impl Q8Act {
 
     /// True when the planar kernels' arrays are here (where they run).
     #[inline]
-    pub fn has_planar(&self) -> bool {
+    pub(crate) fn has_planar(&self) -> bool {
         !self.d8.is_empty()
     }
 

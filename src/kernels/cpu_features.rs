@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 /// AVX2, FMA and F16C: the `x86` and `x86_quant` back ends.
-pub fn avx2() -> bool {
+pub(crate) fn avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
@@ -23,7 +23,7 @@ pub fn avx2() -> bool {
 /// AVX512F/BW/VL/VNNI as well as [`avx2`]: the `x86_vnni*` back ends,
 /// unless `SELECTINFER_KERNELS=avx2` asks for the AVX2 kernels (to compare
 /// them).
-pub fn avx512_vnni() -> bool {
+pub(crate) fn avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AVAILABLE: OnceLock<bool> = OnceLock::new();

@@ -26,7 +26,7 @@ pub(super) const POLY: [f32; 6] = [
 /// never fused, so that the scalar and the vectorised forms give the same
 /// bits.
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     // `1.5·2^23`: adding it rounds to an integer, left in the low bits.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);

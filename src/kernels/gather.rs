@@ -6,7 +6,7 @@ use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, Tensor};
 /// Rows `rows` of a 2-D tensor as a new contiguous tensor. On CPU this is a
 /// plain row-by-row memcpy (candle's `index_select` goes element by element
 /// and is ~10x slower); elsewhere it is `index_select`.
-pub fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
+pub(crate) fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
     let (n, k) = t.dims2()?;
     if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
         candle_core::bail!("gather_rows: row {bad} out of range ({n} rows)");
@@ -63,7 +63,7 @@ pub fn gather_rows(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
 /// neurons and the ones read in for a new plan). Both must have `k` columns
 /// and one dtype. On CPU a row-by-row memcpy; elsewhere a concatenation and
 /// `index_select`.
-pub fn merge_rows(a: &Tensor, b: &Tensor, picks: &[(bool, u32)]) -> Result<Tensor> {
+pub(crate) fn merge_rows(a: &Tensor, b: &Tensor, picks: &[(bool, u32)]) -> Result<Tensor> {
     let ((na, k), (nb, kb)) = (a.dims2()?, b.dims2()?);
     if k != kb || a.dtype() != b.dtype() {
         candle_core::bail!(
@@ -125,7 +125,7 @@ pub fn merge_rows(a: &Tensor, b: &Tensor, picks: &[(bool, u32)]) -> Result<Tenso
 /// Stores record `src[i]` of `buf` (records of `bb` bytes; `src` a
 /// permutation of them) at `i`, in place: each cycle of the permutation
 /// followed once, one record of scratch.
-pub fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
+pub(crate) fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
     let n = src.len();
     let mut done = vec![false; n];
     let mut scratch = vec![0u8; bb];
@@ -151,7 +151,7 @@ pub fn permute_in_place(buf: &mut [u8], src: &[usize], bb: usize) {
 }
 
 /// Whether `src` names each of `0..n` once.
-pub fn is_permutation(src: impl ExactSizeIterator<Item = usize>, n: usize) -> bool {
+pub(crate) fn is_permutation(src: impl ExactSizeIterator<Item = usize>, n: usize) -> bool {
     let mut seen = vec![false; n];
     src.len() == n
         && src
@@ -161,7 +161,7 @@ pub fn is_permutation(src: impl ExactSizeIterator<Item = usize>, n: usize) -> bo
 
 /// Whether [`permute_rows_in_place`] moves `t`'s rows in its own storage:
 /// a contiguous CPU tensor of f32, f16 or bf16.
-pub fn permutes_in_place(t: &Tensor) -> bool {
+pub(crate) fn permutes_in_place(t: &Tensor) -> bool {
     use candle_core::DType;
     t.device().is_cpu()
         && t.is_contiguous()
@@ -173,7 +173,7 @@ pub fn permutes_in_place(t: &Tensor) -> bool {
 /// one row of scratch. Returns `false`, with nothing done, unless
 /// [`permutes_in_place`] (the caller gathers a copy instead); refuses `src`
 /// unless it is a permutation of `t`'s rows.
-pub fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
+pub(crate) fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
     let (n, k) = t.dims2()?;
     if !is_permutation(src.iter().map(|&r| r as usize), n) {
         candle_core::bail!(

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 
 /// A row-major f32 matrix view: element `(r, c)` at `r * stride + c`.
 #[derive(Clone, Copy)]
-pub struct View<'a> {
+pub(crate) struct View<'a> {
     pub data: &'a [f32],
     pub rows: usize,
     pub cols: usize,
@@ -19,7 +19,7 @@ pub struct View<'a> {
 
 impl<'a> View<'a> {
     /// The whole of a contiguous `[rows, cols]` matrix.
-    pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+    pub(crate) fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
         Self {
             data,
             rows,
@@ -29,7 +29,7 @@ impl<'a> View<'a> {
     }
 
     /// Columns `start..start + cols` of every row.
-    pub fn columns(self, start: usize, cols: usize) -> Self {
+    pub(crate) fn columns(self, start: usize, cols: usize) -> Self {
         assert!(start + cols <= self.cols, "columns out of the view");
         Self {
             data: &self.data[start.min(self.data.len())..],
@@ -55,7 +55,7 @@ impl<'a> View<'a> {
 
 /// How the right-hand matrix of [`matmul_into`] is stored.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Rhs {
+pub(crate) enum Rhs {
     /// `b [k, n]`: the product is `a · b`.
     AsIs,
     /// `b [n, k]` (rows of weights, as stored): the product is `a · bᵀ`.
@@ -65,7 +65,7 @@ pub enum Rhs {
 /// Where [`matmul_into`] writes: columns `col0..col0 + n` of the
 /// row-major `data` with `cols` columns; with `accumulate` the product is
 /// added to what is there.
-pub struct Out<'a> {
+pub(crate) struct Out<'a> {
     pub data: &'a mut [f32],
     pub cols: usize,
     pub col0: usize,
@@ -73,7 +73,7 @@ pub struct Out<'a> {
 }
 
 /// `out (+)= a · b` (or `a · bᵀ`) for `a [m, k]`, written into `out`'s columns.
-pub fn matmul_into(a: View, b: View, rhs: Rhs, out: Out) {
+pub(crate) fn matmul_into(a: View, b: View, rhs: Rhs, out: Out) {
     a.check("matmul lhs");
     b.check("matmul rhs");
     // The right-hand matrix's (k, n) and (row, column) strides over `b.data`.
@@ -142,7 +142,7 @@ thread_local! {
 /// unspecified; grown, never shrunk). A call inside another on the same
 /// thread (a rayon worker that picked up a second prefill job while
 /// waiting) gets a buffer of its own.
-pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut s) => {
             if s.len() < len {

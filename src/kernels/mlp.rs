@@ -13,7 +13,7 @@ use candle_core::Result;
 /// same dtype: `y = down(silu(gate·x) * (up·x))`.
 /// With `keep` (per group, how many neurons run up and down), the gated
 /// kernel [`swiglu_mlp_gated`].
-pub fn swiglu_mlp_weights(
+pub(crate) fn swiglu_mlp_weights(
     x: &[f32],
     gate_up: &Weight,
     down_t: &Weight,
@@ -152,7 +152,7 @@ pub fn gated_neurons(width: usize, keep: usize) -> usize {
 }
 
 /// Neurons kept in a group of `len` when full groups keep `keep`.
-pub fn group_keep(keep: usize, len: usize) -> usize {
+pub(crate) fn group_keep(keep: usize, len: usize) -> usize {
     match len {
         GATE_GROUP => keep.min(len),
         _ => ((keep * len + GATE_GROUP / 2) / GATE_GROUP).clamp(1, len),

@@ -24,16 +24,16 @@
 mod attention;
 pub mod blocks;
 pub(crate) mod cpu_features;
-pub mod exp;
-pub mod gather;
-pub mod gemm;
+pub(crate) mod exp;
+pub(crate) mod gather;
+pub(crate) mod gemm;
 pub mod matvec;
 mod mlp;
 mod norm;
 pub mod planar;
 pub mod portable;
 mod portable_quant;
-pub mod q2;
+pub(crate) mod q2;
 pub mod quads;
 pub mod quant;
 pub mod quant_mlp;
@@ -53,14 +53,12 @@ mod x86_vnni_planar;
 mod x86_vnni_quads;
 
 pub use attention::decode_attention;
-pub use gather::{gather_rows, merge_rows, permute_rows_in_place};
+pub(crate) use gather::{gather_rows, merge_rows, permute_rows_in_place};
 pub use matvec::{matvec, matvec_ids, WeightElem};
-pub use mlp::{
-    gate_keep_mask, gated_neurons, group_keep, swiglu_mlp, swiglu_mlp_gated, swiglu_mlp_weights,
-    GATE_GROUP,
-};
-pub use norm::rms_norm_row;
-pub use rope::rope_row;
+pub use mlp::{gate_keep_mask, gated_neurons, swiglu_mlp, swiglu_mlp_gated, GATE_GROUP};
+pub(crate) use mlp::{group_keep, swiglu_mlp_weights};
+pub(crate) use norm::rms_norm_row;
+pub(crate) use rope::rope_row;
 
 use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
 
@@ -71,14 +69,14 @@ pub(crate) type StridedRows<'a> = (&'a [f32], usize, usize);
 use half::f16;
 
 /// A CPU weight matrix's data, by dtype.
-pub enum Weight<'a> {
+pub(crate) enum Weight<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
 }
 
 impl Weight<'_> {
     /// `out = self · x` ([`matvec()`]).
-    pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
+    pub(crate) fn matvec(&self, x: &[f32], out: &mut [f32]) {
         match self {
             Weight::F32(w) => matvec(w, x, out),
             Weight::F16(w) => matvec(w, x, out),
@@ -86,7 +84,7 @@ impl Weight<'_> {
     }
 
     /// `out[j] = row ids[j] · x` ([`matvec_ids`]).
-    pub fn matvec_ids(&self, ids: &[u32], x: &[f32], out: &mut [f32]) {
+    pub(crate) fn matvec_ids(&self, ids: &[u32], x: &[f32], out: &mut [f32]) {
         match self {
             Weight::F32(w) => matvec_ids(w, ids, x, out),
             Weight::F16(w) => matvec_ids(w, ids, x, out),
@@ -94,7 +92,7 @@ impl Weight<'_> {
     }
 
     /// The first `rows` rows of `cols` weights.
-    pub fn first_rows(&self, rows: usize, cols: usize) -> Self {
+    pub(crate) fn first_rows(&self, rows: usize, cols: usize) -> Self {
         match self {
             Weight::F32(w) => Weight::F32(&w[..rows * cols]),
             Weight::F16(w) => Weight::F16(&w[..rows * cols]),
@@ -104,7 +102,10 @@ impl Weight<'_> {
 
 /// Runs `f` on the data of a CPU tensor of f32 values, with its layout
 /// (views such as a KV cache's filled part are strided).
-pub fn with_f32_layout<R>(t: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<R>) -> Result<R> {
+pub(crate) fn with_f32_layout<R>(
+    t: &Tensor,
+    f: impl FnOnce(&[f32], &Layout) -> Result<R>,
+) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         Storage::Cpu(CpuStorage::F32(v)) => f(v, layout),
@@ -117,7 +118,7 @@ pub fn with_f32_layout<R>(t: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<
 }
 
 /// Runs `f` on the data of a contiguous f32 CPU tensor.
-pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
     with_f32_layout(t, |v, l| match l.contiguous_offsets() {
         Some((a, b)) => f(&v[a..b]),
         None => candle_core::bail!("expected a contiguous tensor"),
@@ -125,7 +126,7 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R>
 }
 
 /// Runs `f` on the data of a contiguous f32 or f16 CPU tensor (a weight).
-pub fn with_weight<R>(t: &Tensor, f: impl FnOnce(Weight<'_>) -> Result<R>) -> Result<R> {
+pub(crate) fn with_weight<R>(t: &Tensor, f: impl FnOnce(Weight<'_>) -> Result<R>) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let Some((a, b)) = layout.contiguous_offsets() else {
         candle_core::bail!("weight must be contiguous");
@@ -147,10 +148,11 @@ pub(crate) mod test_data {
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
 
-    pub const ALL: [QFormat; 4] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
+    pub(crate) const ALL: [QFormat; 4] =
+        [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
 
     /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's port).
-    pub fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
+    pub(crate) fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
         let t = Tensor::from_slice(w, (w.len() / cols, cols), &Device::Cpu).unwrap();
         QTensor::quantize(&t, f.ggml())
             .unwrap()
@@ -160,7 +162,7 @@ pub(crate) mod test_data {
     }
 
     /// A plain loop: block `b` of a row, dequantized one weight at a time.
-    pub fn plain_dequantize(f: QFormat, row: &[u8]) -> Vec<f32> {
+    pub(crate) fn plain_dequantize(f: QFormat, row: &[u8]) -> Vec<f32> {
         let mut out = Vec::new();
         for b in row.chunks_exact(f.block_bytes()) {
             let d = f16_at(b, 0);
@@ -184,13 +186,13 @@ pub(crate) mod test_data {
         out
     }
 
-    pub fn reference_matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+    pub(crate) fn reference_matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
         w.chunks(x.len())
             .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
             .collect()
     }
 
-    pub fn data(n: usize, seed: u32) -> Vec<f32> {
+    pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
             .collect()

@@ -33,7 +33,7 @@ pub enum RowForm {
 /// is one field: its planar form is its block form (kept so: a planar
 /// `Q8_0` kernel streamed 7–8 % slower than the block kernel, whose two
 /// 32-byte halves already load whole).
-pub const fn fields(format: QFormat) -> &'static [(usize, usize)] {
+pub(crate) const fn fields(format: QFormat) -> &'static [(usize, usize)] {
     match format {
         QFormat::Q4_0 => &[(0, 2), (2, 16)],
         QFormat::Q4_1 => &[(0, 2), (2, 2), (4, 16)],
@@ -73,7 +73,7 @@ fn pieces(
 }
 
 /// `row` (whole blocks) in planar form into `out` (as long as `row`).
-pub fn to_planar(format: QFormat, row: &[u8], out: &mut [u8]) {
+pub(crate) fn to_planar(format: QFormat, row: &[u8], out: &mut [u8]) {
     let bb = format.block_bytes();
     debug_assert_eq!(row.len(), out.len());
     let k = row.len() / bb;
@@ -88,7 +88,7 @@ pub fn to_planar(format: QFormat, row: &[u8], out: &mut [u8]) {
 
 /// Block `i` of planar `row` in GGUF's form, into `out[..block_bytes]`.
 #[inline]
-pub fn block_of(format: QFormat, row: &[u8], i: usize, out: &mut [u8; 34]) {
+pub(crate) fn block_of(format: QFormat, row: &[u8], i: usize, out: &mut [u8; 34]) {
     let k = row.len() / format.block_bytes();
     for &field in fields(format) {
         for (at, to, n) in pieces(format, k, i, field) {
@@ -98,7 +98,7 @@ pub fn block_of(format: QFormat, row: &[u8], i: usize, out: &mut [u8; 34]) {
 }
 
 /// Planar `row` back in whole blocks into `out` (as long as `row`).
-pub fn to_blocks(format: QFormat, row: &[u8], out: &mut [u8]) {
+pub(crate) fn to_blocks(format: QFormat, row: &[u8], out: &mut [u8]) {
     let bb = format.block_bytes();
     let mut b = [0u8; 34];
     for (i, o) in out.chunks_exact_mut(bb).enumerate() {

@@ -9,7 +9,7 @@
 use half::{f16, slice::HalfFloatSliceExt};
 
 /// Independent partial sums of a dot product.
-pub const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 /// f16 values widened at once (on the stack).
 const CHUNK: usize = 256;
 

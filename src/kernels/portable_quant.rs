@@ -44,7 +44,7 @@ pub(super) fn unpack(format: QFormat, b: &[u8], q: &mut [i32; QK]) -> (f32, f32)
 }
 
 /// `row · x`: per block `scale·dx·Σ q·xq + offset·(dx·Σ xq)`.
-pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+pub(crate) fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     let mut q = [0i32; QK];
     let mut sum = 0f32;
     for (i, b) in row.chunks_exact(format.block_bytes()).enumerate() {
@@ -57,7 +57,7 @@ pub fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
 }
 
 /// `y += a · row`.
-pub fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
+pub(crate) fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
     let mut q = [0i32; QK];
     for (b, yb) in row
         .chunks_exact(format.block_bytes())
@@ -72,7 +72,7 @@ pub fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
 }
 
 /// `Σ q_i·x_i` over a row of 2-bit codes ([`super::q2`]'s chunk layout).
-pub fn dot_q2(codes: &[u8], x: &[i8]) -> i32 {
+pub(crate) fn dot_q2(codes: &[u8], x: &[i8]) -> i32 {
     let mut acc = 0i32;
     for (c, xc) in codes.chunks_exact(32).zip(x.chunks_exact(128)) {
         for (j, xs) in xc.chunks_exact(32).enumerate() {

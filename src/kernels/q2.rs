@@ -17,15 +17,15 @@ use super::spin_pool::{DisjointSlice, SpinPool};
 use super::x86_q2;
 
 /// Weights per chunk (32 bytes of codes).
-pub const CHUNK: usize = 128;
+pub(crate) const CHUNK: usize = 128;
 
 /// A row of `cols` weights, padded to whole chunks.
-pub const fn padded(cols: usize) -> usize {
+pub(crate) const fn padded(cols: usize) -> usize {
     cols.div_ceil(CHUNK) * CHUNK
 }
 
 /// Bytes of codes of a row of `cols` weights.
-pub const fn row_bytes(cols: usize) -> usize {
+pub(crate) const fn row_bytes(cols: usize) -> usize {
     padded(cols) / 4
 }
 
@@ -33,7 +33,7 @@ pub const fn row_bytes(cols: usize) -> usize {
 /// returns its scale `d`: of the scales `max|w|·f/3` (`f` from 0.2 to 1
 /// in steps of 0.05), each refitted by least squares to its codes, the one
 /// with the least squared error.
-pub fn quantize_row(w: &[f32], codes: &mut [u8]) -> f32 {
+pub(crate) fn quantize_row(w: &[f32], codes: &mut [u8]) -> f32 {
     assert_eq!(codes.len(), row_bytes(w.len()), "q2: codes of a row");
     let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {
@@ -79,14 +79,14 @@ fn pack(w: &[f32], code: impl Fn(f32) -> u8, codes: &mut [u8]) {
 /// One row's activations quantized to i8 with one scale (`max|x| / 127`),
 /// zero-padded to whole chunks, and the sum of the quantized values.
 #[derive(Debug, Clone)]
-pub struct Q8Row {
+pub(crate) struct Q8Row {
     pub q: Vec<i8>,
     pub d: f32,
     pub sum: i32,
 }
 
 impl Q8Row {
-    pub fn quantize(x: &[f32]) -> Self {
+    pub(crate) fn quantize(x: &[f32]) -> Self {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -101,7 +101,7 @@ impl Q8Row {
 
 /// `Σ q_i·x_i` over one row of codes (the integer part of its dot).
 #[inline]
-pub fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
+pub(crate) fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
     debug_assert_eq!(codes.len() * 4, x.len());
     #[cfg(target_arch = "x86_64")]
     if let Some(f) = x86_q2::dot_codes() {
@@ -114,7 +114,7 @@ pub fn dot_codes(codes: &[u8], x: &[i8]) -> i32 {
 
 /// `row · x` for a row of codes with scale `d`.
 #[inline]
-pub fn dot(codes: &[u8], d: f32, x: &Q8Row) -> f32 {
+pub(crate) fn dot(codes: &[u8], d: f32, x: &Q8Row) -> f32 {
     d * x.d * (2 * dot_codes(codes, &x.q) - 3 * x.sum) as f32
 }
 
@@ -123,7 +123,7 @@ const MIN_ROWS: usize = super::matvec::MIN_ROWS_PER_BLOCK;
 
 /// `out[r] = row r · x` for the first `out.len()` rows of `codes`
 /// (scales `d`), split over the decode threads.
-pub fn matvec(codes: &[u8], d: &[f32], x: &Q8Row, out: &mut [f32]) {
+pub(crate) fn matvec(codes: &[u8], d: &[f32], x: &Q8Row, out: &mut [f32]) {
     let rb = x.q.len() / 4;
     debug_assert!(codes.len() >= out.len() * rb && d.len() >= out.len());
     let rows = out.len();
@@ -141,7 +141,7 @@ pub fn matvec(codes: &[u8], d: &[f32], x: &Q8Row, out: &mut [f32]) {
 
 /// `out[j] = row ids[j] · x`, rows picked by index, split over the decode
 /// threads.
-pub fn matvec_ids(codes: &[u8], d: &[f32], ids: &[u32], x: &Q8Row, out: &mut [f32]) {
+pub(crate) fn matvec_ids(codes: &[u8], d: &[f32], ids: &[u32], x: &Q8Row, out: &mut [f32]) {
     if ids.is_empty() {
         return;
     }

@@ -23,7 +23,7 @@
 //! neurons. [`axpy_tile_portable`] is the reference; the AVX-512 VNNI
 //! kernel equals it to the bit for finite scales.
 
-pub use super::blocks::QUAD;
+pub(crate) use super::blocks::QUAD;
 use super::blocks::{f16_at, QFormat, QK};
 #[cfg(target_arch = "x86_64")]
 use super::x86_vnni_quads;
@@ -51,7 +51,7 @@ fn weight_at(blocks: usize, b: usize, i: usize, j: usize) -> usize {
 /// Four bundles (`bundles`: each `gate_up` bytes of gate and up rows, then
 /// a `Q8_0` down row) as a quad in `quad` (as long): the four gate/up
 /// pairs, then the tile.
-pub fn to_quad(gate_up: usize, bundles: &[u8], quad: &mut [u8]) {
+pub(crate) fn to_quad(gate_up: usize, bundles: &[u8], quad: &mut [u8]) {
     let bb = bundles.len() / QUAD;
     let blocks = (bb - gate_up) / QFormat::Q8_0.block_bytes();
     debug_assert_eq!(quad.len(), bundles.len());
@@ -84,7 +84,7 @@ pub fn to_quad(gate_up: usize, bundles: &[u8], quad: &mut [u8]) {
 }
 
 /// A quad back as four bundles, into `bundles` (as long as `quad`).
-pub fn to_bundles(gate_up: usize, quad: &[u8], bundles: &mut [u8]) {
+pub(crate) fn to_bundles(gate_up: usize, quad: &[u8], bundles: &mut [u8]) {
     let bb = quad.len() / QUAD;
     let blocks = (bb - gate_up) / QFormat::Q8_0.block_bytes();
     let (pairs, tile) = quad.split_at(QUAD * gate_up);
@@ -125,7 +125,7 @@ pub fn to_bundles(gate_up: usize, quad: &[u8], bundles: &mut [u8]) {
 
 /// Neuron `j`'s down row from a tile, dequantized into `out` (the row's
 /// length: `tile.len() / 4 / 34 · 32`).
-pub fn dequantize(tile: &[u8], j: usize, out: &mut [f32]) {
+pub(crate) fn dequantize(tile: &[u8], j: usize, out: &mut [f32]) {
     let blocks = out.len() / QK;
     let weights = &tile[8 * blocks..];
     for (b, o) in out.chunks_exact_mut(QK).enumerate() {
@@ -162,7 +162,7 @@ fn coefficients(a: [f32; QUAD], d: [f32; QUAD]) -> ([i32; QUAD], f32) {
 /// `y += Σ_j a_j · down_j` over a quad's tile (`y`: one f32 per output).
 /// `next`: what the caller reads after the tile (a hint for the caches;
 /// may be empty).
-pub fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: &[u8], y: &mut [f32]) {
+pub(crate) fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: &[u8], y: &mut [f32]) {
     assert!(
         tile.len() >= QUAD * 34 * (y.len() / QK),
         "a tile of {} bytes for {} outputs",
@@ -180,7 +180,7 @@ pub fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: &[u8], y: &mut [f32]) {
 }
 
 /// [`axpy_tile`] in plain Rust (every target; the kernel's reference).
-pub fn axpy_tile_portable(a: [f32; QUAD], tile: &[u8], y: &mut [f32]) {
+pub(crate) fn axpy_tile_portable(a: [f32; QUAD], tile: &[u8], y: &mut [f32]) {
     let blocks = y.len() / QK;
     for (b, yb) in y.chunks_exact_mut(QK).enumerate() {
         let d = std::array::from_fn(|j| f16_at(tile, 2 * blocks * j + 2 * b));

@@ -11,7 +11,8 @@
 //! target; NEON on aarch64 by the compiler).
 //! The formats themselves are [`super::blocks`].
 
-pub use super::blocks::{Q8Act, QFormat, QK};
+pub(crate) use super::blocks::QK;
+pub use super::blocks::{Q8Act, QFormat};
 use super::planar::{self, RowForm};
 use super::portable_quant;
 use super::spin_pool::{DisjointSlice, SpinPool};
@@ -23,7 +24,7 @@ use super::{x86_quant, x86_vnni, x86_vnni_planar};
 /// `Q5_0` block's weights are its scale `d` times the integers `q-8` or
 /// `q-16`, which a `Q8_0` block with the same `d` holds as they are; `Q8_0`
 /// rows are returned as they are. `None` for `Q4_1`.
-pub fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
     let offset = match format {
         QFormat::Q8_0 => return Some(row.to_vec()),
         QFormat::Q4_1 => return None,
@@ -72,7 +73,7 @@ pub fn dot_in(format: QFormat, form: RowForm, row: &[u8], x: &Q8Act) -> f32 {
 }
 
 /// The row, stored in `form`, dequantized into `out`.
-pub fn dequantize_row_in(format: QFormat, form: RowForm, row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequantize_row_in(format: QFormat, form: RowForm, row: &[u8], out: &mut [f32]) {
     match form {
         RowForm::Blocks => dequantize_row(format, row, out),
         RowForm::Planar => {
@@ -88,7 +89,7 @@ pub fn dequantize_row_in(format: QFormat, form: RowForm, row: &[u8], out: &mut [
 
 /// `(r0 · x, r1 · x)` for two rows of one format (a neuron's gate and up).
 #[inline]
-pub fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+pub(crate) fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
     debug_assert_eq!(r0.len(), format.row_bytes(x.len()));
     debug_assert_eq!(r1.len(), format.row_bytes(x.len()));
     #[cfg(target_arch = "x86_64")]
@@ -118,7 +119,7 @@ pub fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
 }
 
 /// The row dequantized into `out` (as long as the row has weights).
-pub fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
     out.fill(0.0);
     axpy(format, 1.0, row, out);
 }
@@ -130,7 +131,7 @@ pub fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
 /// attention's: 8-bit activations there raised SmolLM2 q4's KL to f32 by
 /// half, the MLP's left it as it was), prefill dequantizes rows and uses
 /// candle's matmul.
-pub fn int8_prefill() -> bool {
+pub(crate) fn int8_prefill() -> bool {
     vnni()
 }
 
@@ -141,7 +142,7 @@ fn vnni() -> bool {
 
 /// `[row · x[t]]` for four tokens' activations.
 #[inline]
-pub fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+pub(crate) fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     if x86_vnni::available() {
         // SAFETY: the CPU has AVX-512 with VNNI (checked); the row holds
@@ -153,7 +154,7 @@ pub fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
 
 /// `row · x` for a planar row.
 #[inline]
-pub fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+pub(crate) fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if x.has_planar() {
         // SAFETY: `x` was quantized with the planar arrays, which happens
@@ -166,7 +167,7 @@ pub fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
 
 /// `(r0 · x, r1 · x)` for two planar rows (a neuron's gate and up).
 #[inline]
-pub fn dot2_planar(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+pub(crate) fn dot2_planar(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if x.has_planar() {
         // SAFETY: as in `dot_planar`.
@@ -177,7 +178,7 @@ pub fn dot2_planar(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f3
 
 /// `[row · x[t]]` for four tokens' activations and a planar row.
 #[inline]
-pub fn dot4_planar(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+pub(crate) fn dot4_planar(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
     if xs.iter().all(|x| x.has_planar()) {
         // SAFETY: as in `dot_planar`.
@@ -216,7 +217,7 @@ pub fn matvec_q(format: QFormat, form: RowForm, w: &[u8], x: &Q8Act, out: &mut [
 
 /// `out[j] = row ids[j] · x` for rows of blocks picked by index, split over
 /// the decode threads.
-pub fn matvec_q_ids(
+pub(crate) fn matvec_q_ids(
     format: QFormat,
     form: RowForm,
     w: &[u8],

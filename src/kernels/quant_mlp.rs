@@ -45,7 +45,7 @@ pub enum DownForm {
 }
 
 impl BundleLayout {
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.hidden == 0 || !self.hidden.is_multiple_of(QK) {
             bail!(
                 "neuron bundles need a hidden size that is a multiple of {QK}, not {}",
@@ -71,7 +71,7 @@ impl BundleLayout {
     pub fn gate_bytes(&self) -> usize {
         self.gate.row_bytes(self.hidden)
     }
-    pub fn up_bytes(&self) -> usize {
+    pub(crate) fn up_bytes(&self) -> usize {
         self.up.row_bytes(self.hidden)
     }
     pub fn down_bytes(&self) -> usize {
@@ -82,12 +82,12 @@ impl BundleLayout {
         self.gate_bytes() + self.up_bytes() + self.down_bytes()
     }
     /// Bytes of a bundle's gate and up rows.
-    pub fn gate_up_bytes(&self) -> usize {
+    pub(crate) fn gate_up_bytes(&self) -> usize {
         self.gate_bytes() + self.up_bytes()
     }
     /// How many of the bundles of `buf` (a whole buffer of this layout)
     /// are stored in quads: every whole quad's, or none.
-    pub fn in_quads(&self, buf: &[u8]) -> usize {
+    pub(crate) fn in_quads(&self, buf: &[u8]) -> usize {
         match self.down_form {
             DownForm::Quads => buf.len() / self.bundle_bytes() / QUAD * QUAD,
             DownForm::Rows => 0,
@@ -96,7 +96,12 @@ impl BundleLayout {
     /// Bundle `i`'s gate and up rows in `buf`, whose first `in_quads`
     /// bundles are in quads ([`BundleLayout::in_quads`]).
     #[inline]
-    pub fn gate_up_of<'a>(&self, buf: &'a [u8], i: usize, in_quads: usize) -> (&'a [u8], &'a [u8]) {
+    pub(crate) fn gate_up_of<'a>(
+        &self,
+        buf: &'a [u8],
+        i: usize,
+        in_quads: usize,
+    ) -> (&'a [u8], &'a [u8]) {
         let (bb, gu) = (self.bundle_bytes(), self.gate_up_bytes());
         let at = if i < in_quads {
             i / QUAD * QUAD * bb + i % QUAD * gu
@@ -107,7 +112,7 @@ impl BundleLayout {
     }
     /// `(gate · x, up · x)` for a bundle's gate and up rows.
     #[inline]
-    pub fn gate_up(&self, g: &[u8], u: &[u8], x: &Q8Act) -> (f32, f32) {
+    pub(crate) fn gate_up(&self, g: &[u8], u: &[u8], x: &Q8Act) -> (f32, f32) {
         match (self.rows, self.gate == self.up) {
             (RowForm::Blocks, true) => dot2(self.gate, g, u, x),
             (RowForm::Blocks, false) => (dot(self.gate, g, x), dot(self.up, u, x)),
@@ -120,7 +125,7 @@ impl BundleLayout {
     }
     /// A bundle's (gate, up, down) rows.
     #[inline]
-    pub fn split<'a>(&self, b: &'a [u8]) -> (&'a [u8], &'a [u8], &'a [u8]) {
+    pub(crate) fn split<'a>(&self, b: &'a [u8]) -> (&'a [u8], &'a [u8], &'a [u8]) {
         let (g, rest) = b.split_at(self.gate_bytes());
         let (u, d) = rest.split_at(self.up_bytes());
         (g, u, d)
@@ -130,14 +135,14 @@ impl BundleLayout {
 /// `silu(g) · u`, with [`exp`](super::exp::exp): the same bits for a neuron wherever it is
 /// computed (one at a time, or four lanes at once in [`swiglu4`]).
 #[inline(always)]
-pub fn swiglu(g: f32, u: f32) -> f32 {
+pub(crate) fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + exp(-g)) * u
 }
 
 /// [`swiglu`] of four lanes (decode: a quad's four neurons; prefill: one
 /// neuron's four tokens), in a form the compiler vectorises.
 #[inline(always)]
-pub fn swiglu4(g: [f32; 4], u: [f32; 4]) -> [f32; 4] {
+pub(crate) fn swiglu4(g: [f32; 4], u: [f32; 4]) -> [f32; 4] {
     std::array::from_fn(|j| swiglu(g[j], u[j]))
 }
 
@@ -243,7 +248,7 @@ fn for_token_groups(t: usize, mut f: impl FnMut(usize, bool)) {
 /// results together), split over rayon's threads in tiles: the prefill
 /// form of the first half of [`swiglu_bundles`], each row unpacked once
 /// per four tokens.
-pub fn swiglu_activations_q(
+pub(crate) fn swiglu_activations_q(
     xs: &[Q8Act],
     layout: &BundleLayout,
     buf: &[u8],

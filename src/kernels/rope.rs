@@ -2,7 +2,7 @@
 
 /// Rotates, in place, the first `heads` heads of `x` (HF "rotate half"
 /// layout) by one position's `cos`/`sin` rows (`head_dim / 2` each).
-pub fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], head_dim: usize, heads: usize) {
+pub(crate) fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], head_dim: usize, heads: usize) {
     let half = head_dim / 2;
     for head in x[..heads * head_dim].chunks_exact_mut(head_dim) {
         let (a, b) = head.split_at_mut(half);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 /// How long an idle helper spins before it parks. Longer than the gaps
 /// between the kernels of a token and between tokens, short enough that an
 /// idle node does not burn a core.
-pub const SPIN_BEFORE_PARK: Duration = Duration::from_millis(2);
+pub(crate) const SPIN_BEFORE_PARK: Duration = Duration::from_millis(2);
 
 /// The job being run: a type-erased `&dyn Fn()` valid until every helper has
 /// reported back (the caller waits for that before it returns).
@@ -98,7 +98,7 @@ impl SpinPool {
     }
 
     /// Threads that work on a job (helpers and the caller).
-    pub fn threads(&self) -> usize {
+    pub(crate) fn threads(&self) -> usize {
         self.helpers + 1
     }
 
@@ -126,7 +126,7 @@ impl SpinPool {
     /// caller's, and returns when all are done. Blocks are taken in order
     /// from an atomic cursor. A panic in `body` is raised again here after
     /// every thread has stopped.
-    pub fn for_each_block(
+    pub(crate) fn for_each_block(
         &self,
         n: usize,
         min_block: usize,

@@ -5,7 +5,7 @@ use super::exp;
 use half::f16;
 use std::arch::x86_64::*;
 
-pub use super::cpu_features::avx2 as available;
+pub(crate) use super::cpu_features::avx2 as available;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -37,7 +37,7 @@ unsafe fn prefetch<T>(p: *const T, ahead: usize) {
 
 /// Asks for every cache line of `w` (a row about to be read alone).
 #[inline]
-pub fn prefetch_all<T>(w: &[T]) {
+pub(crate) fn prefetch_all<T>(w: &[T]) {
     let (p, bytes) = (w.as_ptr() as *const i8, std::mem::size_of_val(w));
     let mut o = 0;
     while o < bytes {
@@ -54,14 +54,14 @@ unsafe fn load_f16(p: *const f16) -> __m256 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     dot_f32_ahead::<PREFETCH_BYTES>(w, x)
 }
 
 /// [`dot_f32`] prefetching `AHEAD` bytes ahead (0: nothing past what it
 /// reads — for rows read alone, whose next row may not be read at all).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32_ahead<const AHEAD: usize>(w: &[f32], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_f32_ahead<const AHEAD: usize>(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -98,13 +98,13 @@ pub unsafe fn dot_f32_ahead<const AHEAD: usize>(w: &[f32], x: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16(w: &[f16], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_f16(w: &[f16], x: &[f32]) -> f32 {
     dot_f16_ahead::<PREFETCH_BYTES>(w, x)
 }
 
 /// [`dot_f16`] prefetching `AHEAD` bytes ahead (see [`dot_f32_ahead`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16_ahead<const AHEAD: usize>(w: &[f16], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_f16_ahead<const AHEAD: usize>(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -143,7 +143,7 @@ pub unsafe fn dot_f16_ahead<const AHEAD: usize>(w: &[f16], x: &[f32]) -> f32 {
 /// AVX2 and FMA are available; `q.len()` is a multiple of 8 and equals
 /// `out.len()`; every row lies inside `k` / `v`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn attend_head_f32(
+pub(crate) unsafe fn attend_head_f32(
     q: &[f32],
     k: super::StridedRows,
     v: super::StridedRows,
@@ -237,7 +237,7 @@ unsafe fn weighted_rows<const N: usize>(
 
 /// [`exp_ps`] of eight values (tests).
 #[cfg(test)]
-pub fn exp8(x: &[f32]) -> [f32; 8] {
+pub(crate) fn exp8(x: &[f32]) -> [f32; 8] {
     let mut out = [0f32; 8];
     // SAFETY: the tests call this only where `available()`; `x` has 8.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp_ps(_mm256_loadu_ps(x[..8].as_ptr()))) };
@@ -329,24 +329,24 @@ unsafe fn load_f32(p: *const f32) -> __m256 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy_rows_f32(a: &[f32], w: &[f32], y: &mut [f32]) {
+pub(crate) unsafe fn axpy_rows_f32(a: &[f32], w: &[f32], y: &mut [f32]) {
     axpy_rows_body!(a, w, y, load_f32, |v: f32| v, PREFETCH_BYTES)
 }
 
 /// [`axpy_rows_f32`] prefetching nothing past what it reads.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy_rows_f32_alone(a: &[f32], w: &[f32], y: &mut [f32]) {
+pub(crate) unsafe fn axpy_rows_f32_alone(a: &[f32], w: &[f32], y: &mut [f32]) {
     axpy_rows_body!(a, w, y, load_f32, |v: f32| v, 0)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_rows_f16(a: &[f32], w: &[f16], y: &mut [f32]) {
+pub(crate) unsafe fn axpy_rows_f16(a: &[f32], w: &[f16], y: &mut [f32]) {
     axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32(), PREFETCH_BYTES)
 }
 
 /// [`axpy_rows_f16`] prefetching nothing past what it reads.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_rows_f16_alone(a: &[f32], w: &[f16], y: &mut [f32]) {
+pub(crate) unsafe fn axpy_rows_f16_alone(a: &[f32], w: &[f16], y: &mut [f32]) {
     axpy_rows_body!(a, w, y, load_f16, |v: f16| v.to_f32(), 0)
 }
 

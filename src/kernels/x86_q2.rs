@@ -8,11 +8,11 @@
 use std::arch::x86_64::*;
 
 /// A kernel: `Σ q_i·x_i` over a row of codes.
-pub type DotCodes = unsafe fn(&[u8], &[i8]) -> i32;
+pub(crate) type DotCodes = unsafe fn(&[u8], &[i8]) -> i32;
 
 /// The fastest kernel this CPU runs (VNNI unless `SELECTINFER_KERNELS=avx2`
 /// asks for AVX2), or `None` without AVX2.
-pub fn dot_codes() -> Option<DotCodes> {
+pub(crate) fn dot_codes() -> Option<DotCodes> {
     if super::x86_vnni::available() {
         Some(dot_codes_vnni)
     } else if super::x86_quant::available() {
@@ -24,7 +24,7 @@ pub fn dot_codes() -> Option<DotCodes> {
 
 /// Every kernel this CPU runs, by name (for tests).
 #[cfg(test)]
-pub fn every_kernel() -> Vec<(&'static str, DotCodes)> {
+pub(crate) fn every_kernel() -> Vec<(&'static str, DotCodes)> {
     let mut all: Vec<(&'static str, DotCodes)> = Vec::new();
     if super::x86_quant::available() {
         all.push(("avx2", dot_codes_avx2));
@@ -69,7 +69,7 @@ unsafe fn load(x: *const i8) -> __m256i {
 /// # Safety
 /// The CPU has AVX2; `x` holds 4 activations per byte of `codes`.
 #[target_feature(enable = "avx2")]
-pub unsafe fn dot_codes_avx2(codes: &[u8], x: &[i8]) -> i32 {
+pub(crate) unsafe fn dot_codes_avx2(codes: &[u8], x: &[i8]) -> i32 {
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_si256();
     for c in 0..codes.len() / 32 {
@@ -92,7 +92,7 @@ pub unsafe fn dot_codes_avx2(codes: &[u8], x: &[i8]) -> i32 {
 /// # Safety
 /// The CPU has AVX2, AVX512VL and AVX512VNNI; `x` as for [`dot_codes_avx2`].
 #[target_feature(enable = "avx2,avx512vl,avx512vnni")]
-pub unsafe fn dot_codes_vnni(codes: &[u8], x: &[i8]) -> i32 {
+pub(crate) unsafe fn dot_codes_vnni(codes: &[u8], x: &[i8]) -> i32 {
     let mut a = [_mm256_setzero_si256(); 4];
     for c in 0..codes.len() / 32 {
         let w = runs(codes.as_ptr().add(c * 32));

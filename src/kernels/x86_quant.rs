@@ -10,7 +10,7 @@
 use super::blocks::{Q8Act, QFormat, QK};
 use std::arch::x86_64::*;
 
-pub use super::x86::available;
+pub(crate) use super::x86::available;
 
 /// How far ahead of the loads the kernels ask for the weights (as the f16
 /// kernels, [`super::x86`]).
@@ -160,7 +160,7 @@ pub(super) unsafe fn block_dot(format: QFormat, b: *const u8, x: &Q8Act, i: usiz
 /// # Safety
 /// AVX2, FMA and F16C are available; `row` holds `x.len() / 32` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     // One copy of the loop per format (the const parameter), so the
     // format's matches fold away.
     match format {
@@ -204,7 +204,7 @@ unsafe fn axpy_format<const F: u8>(a: f32, row: &[u8], y: &mut [f32]) {
 /// # Safety
 /// AVX2, FMA and F16C are available; `row` holds `y.len() / 32` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
+pub(crate) unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
     match format {
         QFormat::Q4_0 => axpy_format::<0>(a, row, y),
         QFormat::Q4_1 => axpy_format::<1>(a, row, y),

@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 /// AVX2 kernels).
 const PREFETCH_BYTES: usize = 2048;
 
-pub use super::cpu_features::avx512_vnni as available;
+pub(crate) use super::cpu_features::avx512_vnni as available;
 
 /// The i32 offset per block, as a power of two, that makes the weights
 /// unsigned: `q - 8`, `q - 16`, `(q + 128) - 128`; none for `Q4_1`.
@@ -137,7 +137,7 @@ unsafe fn dot_format<const F: u8>(row: &[u8], x: &Q8Act) -> f32 {
 /// # Safety
 /// [`available`] is true; `row` holds `x.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     match format {
         QFormat::Q4_0 => dot_format::<0>(row, x),
         QFormat::Q4_1 => dot_format::<1>(row, x),
@@ -210,7 +210,7 @@ unsafe fn dot2_format<const F: u8>(r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32
 /// # Safety
 /// [`available`] is true; each row holds `x.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+pub(crate) unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
     match format {
         QFormat::Q4_0 => dot2_format::<0>(r0, r1, x),
         QFormat::Q4_1 => dot2_format::<1>(r0, r1, x),
@@ -279,7 +279,7 @@ unsafe fn dot4_format<const F: u8>(row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
 /// # Safety
 /// [`available`] is true; `row` holds `x.len() / 32` blocks for each `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+pub(crate) unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     match format {
         QFormat::Q4_0 => dot4_format::<0>(row, xs),
         QFormat::Q4_1 => dot4_format::<1>(row, xs),
@@ -311,7 +311,7 @@ unsafe fn axpy_q8(a: f32, row: *const u8, y: &mut [f32]) {
 /// # Safety
 /// [`available`] is true; `row` holds `y.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
+pub(crate) unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
     if format == QFormat::Q8_0 {
         axpy_q8(a, row.as_ptr(), y)
     } else {

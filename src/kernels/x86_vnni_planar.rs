@@ -229,7 +229,7 @@ unsafe fn dots<const F: u8, const R: usize>(rows: [&[u8]; R], x: &Q8Act) -> [f32
 /// The AVX-512 VNNI kernels are available and `x` holds the planar arrays
 /// ([`Q8Act::has_planar`]); `row` holds `x.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
+pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
     let [v] = match format {
         QFormat::Q4_0 => dots::<0, 1>([row], x),
         QFormat::Q4_1 => dots::<1, 1>([row], x),
@@ -244,7 +244,7 @@ pub unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
 /// # Safety
 /// As [`dot`], for each row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
+pub(crate) unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (f32, f32) {
     let [a, b] = match format {
         QFormat::Q4_0 => dots::<0, 2>([r0, r1], x),
         QFormat::Q4_1 => dots::<1, 2>([r0, r1], x),
@@ -281,7 +281,7 @@ unsafe fn dot4_format<const F: u8>(row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
 /// # Safety
 /// As [`dot`], for each `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
+pub(crate) unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32; 4] {
     match format {
         QFormat::Q4_0 => dot4_format::<0>(row, xs),
         QFormat::Q4_1 => dot4_format::<1>(row, xs),

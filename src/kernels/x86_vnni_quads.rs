@@ -19,7 +19,7 @@ const GROUP: usize = 16;
 /// [`super::x86_vnni::available`] is true; the tile holds `y.len() / 32`
 /// blocks of four rows. `next` is only prefetched (a hint, never read).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: *const u8, y: &mut [f32]) {
+pub(crate) unsafe fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: *const u8, y: &mut [f32]) {
     let blocks = y.len() / QK;
     let t = tile.as_ptr();
     let quants = t.add(8 * blocks);
@@ -89,7 +89,7 @@ pub unsafe fn axpy_tile(a: [f32; QUAD], tile: &[u8], next: *const u8, y: &mut [f
 /// # Safety
 /// AVX2 is available; each row has 32 bytes, `out` 128.
 #[target_feature(enable = "avx2")]
-pub unsafe fn interleave(rows: [*const u8; QUAD], out: *mut u8) {
+pub(crate) unsafe fn interleave(rows: [*const u8; QUAD], out: *mut u8) {
     let flip = _mm256_set1_epi8(-128);
     let a = _mm256_xor_si256(_mm256_loadu_si256(rows[0] as *const __m256i), flip);
     let b = _mm256_xor_si256(_mm256_loadu_si256(rows[1] as *const __m256i), flip);
@@ -115,7 +115,7 @@ pub unsafe fn interleave(rows: [*const u8; QUAD], out: *mut u8) {
 /// # Safety
 /// AVX2 is available; `tile` has 128 bytes, each row 32.
 #[target_feature(enable = "avx2")]
-pub unsafe fn deinterleave(tile: *const u8, rows: [*mut u8; QUAD]) {
+pub(crate) unsafe fn deinterleave(tile: *const u8, rows: [*mut u8; QUAD]) {
     let flip = _mm256_set1_epi8(-128);
     // Within each 16 bytes (four outputs × four rows): the rows' bytes together.
     let by_row = _mm256_setr_epi8(

@@ -15,10 +15,10 @@ use anyhow::{bail, Result};
 /// The least γ a budget may choose for a mode that computes every loaded
 /// neuron (below it answers are not worth having); a selecting mode's floor
 /// is its φ.
-pub const MIN_LOAD_RATIO: f64 = 0.1;
+pub(crate) const MIN_LOAD_RATIO: f64 = 0.1;
 /// Added to the measured runtime: allocator slack, thread stacks, the
 /// tokenizer's per-request buffers.
-pub const RUNTIME_MARGIN: u64 = 16 << 20;
+pub(crate) const RUNTIME_MARGIN: u64 = 16 << 20;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -47,7 +47,7 @@ impl MemoryPlan {
     /// Plans `budget` bytes for `mode` with `params` (γ is what is chosen;
     /// φ and δ are the caller's) on a model of footprint `fp`, the process
     /// holding `resident` bytes before any weight is loaded.
-    pub fn new(
+    pub(crate) fn new(
         budget: u64,
         fp: &Footprint,
         resident: u64,
@@ -150,7 +150,7 @@ impl MemoryPlan {
     }
 
     /// The peak resident memory the plan expects.
-    pub fn expected_peak(&self) -> u64 {
+    pub(crate) fn expected_peak(&self) -> u64 {
         self.runtime
             + self.other_weights
             + self.ffn_weights
@@ -161,7 +161,7 @@ impl MemoryPlan {
 
     /// `params` with the planned γ; for a mode that computes every loaded
     /// neuron (load-only) φ and δ follow γ down where they exceed it.
-    pub fn apply(&self, mode: Mode, params: &SelectionParams) -> SelectionParams {
+    pub(crate) fn apply(&self, mode: Mode, params: &SelectionParams) -> SelectionParams {
         let mut p = params.clone();
         if !mode.loads_subset() {
             return p;

@@ -12,7 +12,7 @@
 //! front: no per-token gathers on the decode path. The model sees only a
 //! neutral description of the rows to hold ([`crate::model::FfnRows`]).
 
-pub mod budget;
+pub(crate) mod budget;
 pub mod mode;
 pub mod params;
 pub mod plan;
@@ -23,7 +23,8 @@ pub mod vocab;
 pub use mode::Mode;
 pub use params::SelectionParams;
 pub use plan::LoadPlan;
-pub use selection::{LayerSelector, PromptCounts};
+pub use selection::LayerSelector;
+pub(crate) use selection::PromptCounts;
 
 use crate::model::{Config, FfnRows, Mlp};
 use anyhow::{Context, Result};
@@ -92,7 +93,7 @@ impl Method {
 
     /// Per-layer selection rules for prompts, `None` when the mode computes
     /// every loaded neuron.
-    pub fn selector(
+    pub(crate) fn selector(
         &self,
         mlps: &[&Mlp],
         width: usize,

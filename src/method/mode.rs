@@ -21,24 +21,24 @@ pub enum Mode {
 
 impl Mode {
     /// Whether the load plan comes from a ranking file (the profiler's).
-    pub fn needs_ranking(self) -> bool {
+    pub(crate) fn needs_ranking(self) -> bool {
         matches!(self, Self::LoadOnly | Self::Selectinfer)
     }
 
     /// Whether the mode chooses, per prompt, which loaded neurons decode
     /// computes (selective computation).
-    pub fn selects(self) -> bool {
+    pub(crate) fn selects(self) -> bool {
         matches!(self, Self::Selectinfer | Self::Coreinfer | Self::RandomLoad)
     }
 
     /// Whether the mode holds only a subset of the FFN (selective loading:
     /// from a ranking when [`Mode::needs_ranking`], else a random one).
-    pub fn loads_subset(self) -> bool {
+    pub(crate) fn loads_subset(self) -> bool {
         matches!(self, Self::LoadOnly | Self::Selectinfer | Self::RandomLoad)
     }
 
     /// Whether the mode keeps no FFN weights in memory (disk offload).
-    pub fn streams_ffn(self) -> bool {
+    pub(crate) fn streams_ffn(self) -> bool {
         self == Self::DiskOffload
     }
 }

@@ -91,7 +91,7 @@ crate::sys::named::impl_named!(Score, "score", {
 
 impl SelectionParams {
     /// Checks `0 < φ ≤ γ ≤ 1`, `0 ≤ δ ≤ φ`, `0 < α ≤ 1`, naming the parameter at fault.
-    pub fn validate(&self, num_layers: usize) -> Result<()> {
+    pub(crate) fn validate(&self, num_layers: usize) -> Result<()> {
         let (g, d, p, a) = (
             self.load_ratio,
             self.static_ratio,
@@ -154,7 +154,7 @@ impl SelectionParams {
 impl SelectionParams {
     /// These parameters with φ and α changed (what may change between
     /// prompts), validated against the rest.
-    pub fn with_selection(
+    pub(crate) fn with_selection(
         &self,
         compute_ratio: f64,
         token_ratio: f64,
@@ -173,14 +173,14 @@ impl SelectionParams {
 impl SelectionParams {
     /// φ_l: the share of layer `l`'s width that its prompts compute
     /// (`layer_drop`, see there), before rounding to neurons.
-    pub fn layer_compute_ratio(&self, layer: usize, width: usize) -> f64 {
+    pub(crate) fn layer_compute_ratio(&self, layer: usize, width: usize) -> f64 {
         let w = self.layer_drop.get(layer).copied().unwrap_or(1.0);
         (1.0 - w * (1.0 - self.compute_ratio)).clamp(1.0 / width.max(1) as f64, self.load_ratio)
     }
 
     /// Per gating group of [`crate::kernels::GATE_GROUP`] neurons, how many
     /// run up and down (`None`: κ = 1, no gating).
-    pub fn gate_keep_count(&self) -> Option<usize> {
+    pub(crate) fn gate_keep_count(&self) -> Option<usize> {
         let g = crate::kernels::GATE_GROUP;
         (self.gate_keep < 1.0).then(|| count(self.gate_keep, g).clamp(1, g))
     }

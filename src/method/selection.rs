@@ -59,7 +59,7 @@ impl LayerSelector {
     /// [`Self::counts_on_host`]), computed where `a` lives when that is
     /// possible. Counts of consecutive chunks of a prompt add up to the
     /// prompt's.
-    pub fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
+    pub(crate) fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
         let a = match (&self.score, &self.down_norms) {
             (Score::Wina, Some(c)) => {
                 a.broadcast_mul(&Tensor::new(c.as_slice(), a.device())?.to_dtype(a.dtype())?)?
@@ -148,7 +148,7 @@ impl LayerSelector {
     /// The static rows plus the `dynamic_k` best non-static rows, ascending:
     /// by (hits, mass, lower row) for [`Score::Counts`], else by (energy,
     /// lower row).
-    pub fn pick(&self, counts: &PromptCounts) -> Result<Vec<usize>> {
+    pub(crate) fn pick(&self, counts: &PromptCounts) -> Result<Vec<usize>> {
         let (hits, mass, energy) = (&counts.hits, &counts.mass, &counts.energy);
         let n = match self.score {
             Score::Counts => hits.len(),
@@ -187,7 +187,7 @@ impl LayerSelector {
 /// many tokens' top α the row is (`hits`) and its Σ|a| (`mass`) for
 /// [`Score::Counts`]; its normalised energy for the other scores.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PromptCounts {
+pub(crate) struct PromptCounts {
     pub hits: Vec<u32>,
     pub mass: Vec<f64>,
     pub energy: Vec<f64>,
@@ -195,7 +195,7 @@ pub struct PromptCounts {
 
 impl PromptCounts {
     /// Adds the counts of more tokens of the same prompt (the next chunk).
-    pub fn add(&mut self, more: PromptCounts) -> Result<()> {
+    pub(crate) fn add(&mut self, more: PromptCounts) -> Result<()> {
         if self.hits.is_empty() && self.energy.is_empty() {
             *self = more;
             return Ok(());

@@ -44,7 +44,7 @@ impl VocabRule {
     /// whatever their text), with the rule's own per-token choice
     /// ([`VocabRule::keeps`]: the vocabulary computes every token kept, and
     /// maybe a few more in its prefix); `None` for `all`.
-    pub fn vocabulary(
+    pub(crate) fn vocabulary(
         self,
         words: &[Vec<u8>],
         added: &[u32],
@@ -55,7 +55,7 @@ impl VocabRule {
     }
 
     /// Per token, whether the rule keeps it; `None` for `all`.
-    pub fn keeps(self, words: &[Vec<u8>], added: &[u32]) -> Option<Vec<bool>> {
+    pub(crate) fn keeps(self, words: &[Vec<u8>], added: &[u32]) -> Option<Vec<bool>> {
         match self {
             VocabRule::All => None,
             VocabRule::Latin => {

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
 #[derive(Debug, Clone)]
-pub struct Attention {
+pub(crate) struct Attention {
     /// q, k and v projections fused: `[(heads + 2 kv_heads) * head_dim, hidden]`.
     pub(crate) qkv: Linear,
     pub(crate) o_proj: Linear,
@@ -20,7 +20,7 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn load(vb: VarBuilder, cfg: &Config) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, cfg: &Config) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (heads, kv_heads) = (cfg.num_attention_heads, cfg.num_kv_heads());
         let get = |name: &str, rows: usize| {
@@ -65,7 +65,11 @@ impl Attention {
 
     /// Loads layer `layer`'s attention from a quantized checkpoint: q, k
     /// and v as the parts of one quantized matrix (each keeps its format).
-    pub fn from_file(file: &super::qfile::QFile, cfg: &Config, layer: usize) -> Result<Self> {
+    pub(crate) fn from_file(
+        file: &super::qfile::QFile,
+        cfg: &Config,
+        layer: usize,
+    ) -> Result<Self> {
         use super::linear::Weights;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim());
         let (heads, kv_heads) = (cfg.num_attention_heads, cfg.num_kv_heads());

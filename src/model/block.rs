@@ -19,7 +19,7 @@ pub struct Block {
 
 impl Block {
     /// Loads a block; `mlp` replaces the dense MLP (selective loading).
-    pub fn load(vb: VarBuilder, cfg: &Config, mlp: Option<Mlp>) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, cfg: &Config, mlp: Option<Mlp>) -> Result<Self> {
         let mlp = match mlp {
             Some(m) => m,
             None => Mlp::load(vb.pp("mlp"), cfg.hidden_size, cfg.intermediate_size)?,
@@ -37,7 +37,7 @@ impl Block {
     }
 
     /// Loads block `layer` of a quantized checkpoint, with `mlp` (its bundles).
-    pub fn from_file(
+    pub(crate) fn from_file(
         file: &super::qfile::QFile,
         cfg: &Config,
         layer: usize,

@@ -42,7 +42,7 @@ impl Bundles {
 
     /// As [`Bundles::new`]; `quads: false` keeps the down rows whole
     /// (exact `Q8_0` rows, no rounding of the coefficients).
-    pub fn new_in(mut layout: BundleLayout, mut data: Vec<u8>, quads: bool) -> Result<Self> {
+    pub(crate) fn new_in(mut layout: BundleLayout, mut data: Vec<u8>, quads: bool) -> Result<Self> {
         layout.check()?;
         // The in-memory forms are made here from the file's; bytes said to
         // be in one already would be trusted unchecked.
@@ -105,14 +105,14 @@ impl Bundles {
     }
 
     /// The first `n` bundles, sharing this buffer.
-    pub fn prefix(&self, n: usize) -> Self {
+    pub(crate) fn prefix(&self, n: usize) -> Self {
         Self {
             count: n.min(self.count),
             ..self.clone()
         }
     }
 
-    pub fn collapse_to_huge_pages(&self) {
+    pub(crate) fn collapse_to_huge_pages(&self) {
         crate::sys::hugepages::collapse(self.data.as_ptr(), self.data.len());
     }
 
@@ -350,7 +350,7 @@ impl Bundles {
     /// `down_proj` of activations `a [.., N]` (storage order) → `[.., H]`:
     /// a chunk of down rows dequantized at a time, its product added to
     /// the output, the neurons summed in storage order.
-    pub fn down(&self, a: &Tensor) -> Result<Tensor> {
+    pub(crate) fn down(&self, a: &Tensor) -> Result<Tensor> {
         self.down_in_order(a, None)
     }
 
@@ -359,7 +359,7 @@ impl Bundles {
     /// canonical order, the result does not depend on where an
     /// arrangement left the neurons. Each chunk's down rows and its
     /// columns of `a` are gathered in that order.
-    pub fn down_in_order(&self, a: &Tensor, order: Option<&[u32]>) -> Result<Tensor> {
+    pub(crate) fn down_in_order(&self, a: &Tensor, order: Option<&[u32]>) -> Result<Tensor> {
         let (h, n) = (self.layout.hidden, self.count);
         if a.dims().last() != Some(&n) {
             bail!(

@@ -69,7 +69,7 @@ pub fn weights_sha256(dir: &Path) -> Result<String> {
 }
 
 /// The `*.safetensors` files of a checkpoint folder, sorted.
-pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("listing {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))

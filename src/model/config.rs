@@ -39,7 +39,7 @@ pub enum TokenIds {
 }
 
 impl TokenIds {
-    pub fn to_vec(&self) -> Vec<u32> {
+    pub(crate) fn to_vec(&self) -> Vec<u32> {
         match self {
             Self::One(x) => vec![*x],
             Self::Many(v) => v.clone(),
@@ -50,7 +50,7 @@ impl TokenIds {
 /// Architecture family of a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Family {
+pub(crate) enum Family {
     Llama,
     Qwen2,
 }
@@ -111,7 +111,7 @@ impl Config {
         Ok(cfg)
     }
 
-    pub fn family(&self) -> Result<Family> {
+    pub(crate) fn family(&self) -> Result<Family> {
         let arch = self.architectures.first().map(String::as_str).unwrap_or("");
         match (self.model_type.as_str(), arch) {
             ("llama", _) | (_, "LlamaForCausalLM") => Ok(Family::Llama),
@@ -135,7 +135,7 @@ impl Config {
             .unwrap_or(matches!(self.family(), Ok(Family::Qwen2)))
     }
 
-    pub fn eos_token_ids(&self) -> Vec<u32> {
+    pub(crate) fn eos_token_ids(&self) -> Vec<u32> {
         self.eos_token_id
             .as_ref()
             .map(TokenIds::to_vec)
@@ -185,7 +185,7 @@ impl Config {
     }
 
     /// Number of weights in one layer's FFN (gate, up and down).
-    pub fn ffn_params_per_layer(&self) -> usize {
+    pub(crate) fn ffn_params_per_layer(&self) -> usize {
         3 * self.hidden_size * self.intermediate_size
     }
 }

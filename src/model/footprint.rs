@@ -72,7 +72,7 @@ impl Footprint {
     }
 
     /// Weight bytes when layer `l` holds `held[l]` neurons.
-    pub fn weights(&self, held: &[usize]) -> u64 {
+    pub(crate) fn weights(&self, held: &[usize]) -> u64 {
         self.other_weights
             + self
                 .neuron_bytes

@@ -23,7 +23,7 @@ impl Model {
 
     /// A screen of this model's lm_head, its copy in `bits`, computing `k`
     /// rows exactly ([`head_screen`]). CPU only.
-    pub fn build_head_screen(
+    pub(crate) fn build_head_screen(
         &self,
         k: usize,
         bits: head_screen::ScreenBits,
@@ -41,7 +41,10 @@ impl Model {
     /// Screens the lm_head from now on, in every pass: the `k` rows the
     /// screen ranks highest are computed exactly, the others keep its
     /// logits; `None` computes every row exactly.
-    pub fn set_head_screen(&mut self, screen: Option<head_screen::HeadScreen>) -> Result<()> {
+    pub(crate) fn set_head_screen(
+        &mut self,
+        screen: Option<head_screen::HeadScreen>,
+    ) -> Result<()> {
         if let Some(s) = &screen {
             s.check_head(&self.lm_head)?;
         }

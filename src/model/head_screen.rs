@@ -41,11 +41,11 @@ crate::sys::named::impl_named!(ScreenBits, "head_screen_bits", { Four => "4", Tw
 
 impl ScreenBits {
     /// `4` or `2`; anything else is refused, naming `head_screen_bits`.
-    pub fn from_bits(bits: i64) -> Result<Self> {
+    pub(crate) fn from_bits(bits: i64) -> Result<Self> {
         bits.to_string().parse()
     }
 
-    pub fn bits(self) -> u32 {
+    pub(crate) fn bits(self) -> u32 {
         match self {
             Self::Four => 4,
             Self::Two => 2,
@@ -53,7 +53,7 @@ impl ScreenBits {
     }
 
     /// Bytes of one copied row of `cols` weights, its scales included.
-    pub fn row_bytes(self, cols: usize) -> usize {
+    pub(crate) fn row_bytes(self, cols: usize) -> usize {
         match self {
             Self::Four => self.code_bytes(cols),
             Self::Two => self.code_bytes(cols) + 4,
@@ -203,13 +203,13 @@ impl HeadScreen {
     }
 
     /// The same screen computing `k` rows exactly (of `n`, the head's rows).
-    pub fn with_k(self, k: usize, n: usize) -> Result<Self> {
+    pub(crate) fn with_k(self, k: usize, n: usize) -> Result<Self> {
         check_k(k, n)?;
         Ok(Self { k, ..self })
     }
 
     /// Refuses a head this screen was not built for (by shape).
-    pub fn check_head(&self, head: &Linear) -> Result<()> {
+    pub(crate) fn check_head(&self, head: &Linear) -> Result<()> {
         let (n, cols) = head.dims()?;
         if (self.copy.rows(), self.copy.cols()) != (n, cols) {
             bail!(
@@ -222,12 +222,12 @@ impl HeadScreen {
     }
 
     /// Rows computed exactly per step.
-    pub fn k(&self) -> usize {
+    pub(crate) fn k(&self) -> usize {
         self.k
     }
 
     /// The bits a weight of the copy takes.
-    pub fn bits(&self) -> ScreenBits {
+    pub(crate) fn bits(&self) -> ScreenBits {
         match self.copy {
             RowCopy::Four(_) => ScreenBits::Four,
             RowCopy::Two { .. } => ScreenBits::Two,
@@ -241,7 +241,7 @@ impl HeadScreen {
 
     /// Bytes one step reads: the screen's rows of `vocab` (all without
     /// one) and `k` of `head`'s rows.
-    pub fn step_bytes(&self, head: &Linear, vocab: Option<&OutputVocab>) -> usize {
+    pub(crate) fn step_bytes(&self, head: &Linear, vocab: Option<&OutputVocab>) -> usize {
         let rows = vocab.map_or(self.copy.rows(), OutputVocab::rows);
         self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k)
     }
@@ -286,7 +286,7 @@ impl HeadScreen {
 
 /// Bytes a screen in `bits` of an lm_head `[rows, cols]` holds, plus the
 /// f32 rows its build converts at a time (a memory plan counts both).
-pub fn memory_bytes(rows: usize, cols: usize, bits: ScreenBits) -> u64 {
+pub(crate) fn memory_bytes(rows: usize, cols: usize, bits: ScreenBits) -> u64 {
     (bits.row_bytes(cols) * rows + 2 * 4 * BUILD_ROWS.min(rows) * cols) as u64
 }
 

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
 
 /// Positions a layer's buffers grow by.
-pub const GROW_BY: usize = 256;
+pub(crate) const GROW_BY: usize = 256;
 
 /// Per-layer key/value cache of one sequence.
 #[derive(Debug, Clone)]
@@ -20,7 +20,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize) -> Self {
+    pub(crate) fn new(num_layers: usize) -> Self {
         Self {
             layers: vec![LayerCache::default(); num_layers],
         }
@@ -36,14 +36,14 @@ impl KvCache {
     }
 
     /// Positions the buffers have room for (the first layer's keys).
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         let first = self.layers.first().and_then(|c| c.k.as_ref());
         first.and_then(|k| k.dims4().ok()).map_or(0, |d| d.2)
     }
 
     /// A copy with buffers of its own (a clone shares them, and the next
     /// positions either writes would land in the same storage).
-    pub fn fork(&self) -> Result<Self> {
+    pub(crate) fn fork(&self) -> Result<Self> {
         let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
         Ok(Self {
             layers: self
@@ -65,7 +65,7 @@ impl KvCache {
     /// rest. Buffers larger than `len` rounded up to a [`GROW_BY`] step are
     /// reallocated to fit, so one long generation does not hold its memory
     /// for every request after it.
-    pub fn truncate(&mut self, len: usize) -> Result<()> {
+    pub(crate) fn truncate(&mut self, len: usize) -> Result<()> {
         for c in self.layers.iter_mut() {
             c.len = c.len.min(len);
             c.shrink()?;
@@ -75,7 +75,7 @@ impl KvCache {
 
     /// Forgets the positions from `len` on, keeping the buffers and their
     /// room: the next positions overwrite them.
-    pub fn rewind(&mut self, len: usize) {
+    pub(crate) fn rewind(&mut self, len: usize) {
         self.layers.iter_mut().for_each(|c| c.len = c.len.min(len));
     }
 
@@ -84,12 +84,12 @@ impl KvCache {
     /// instead of growing by [`GROW_BY`] steps, each step a copy of
     /// everything cached with both copies alive. Positions past the room
     /// still grow the buffers, by steps.
-    pub fn reserve(&mut self, positions: usize) {
+    pub(crate) fn reserve(&mut self, positions: usize) {
         self.layers.iter_mut().for_each(|c| c.room = positions);
     }
 
     /// Forgets every position (and frees the buffers).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.layers
             .iter_mut()
             .for_each(|c| *c = LayerCache::default());
@@ -130,7 +130,7 @@ impl LayerCache {
 
     /// Appends `k` and `v` (`[1, kv_heads, seq, head_dim]`); returns all the
     /// cached keys and values, `[1, kv_heads, len, head_dim]` views.
-    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let (b, heads, seq, head_dim) = k.dims4()?;
         let end = self.len + seq;
         let room = |buffer: &Option<Tensor>| {
@@ -154,7 +154,7 @@ impl LayerCache {
     /// (`[kv_heads * head_dim]` f32 each) into the buffers (f32, on the
     /// CPU), then runs `attend` on all the cached keys and values in place,
     /// as storage and `[1, kv_heads, len, head_dim]` layout.
-    pub fn push_row_and<R>(
+    pub(crate) fn push_row_and<R>(
         &mut self,
         (k_row, v_row): (&[f32], &[f32]),
         (kv_heads, head_dim): (usize, usize),

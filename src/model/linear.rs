@@ -36,7 +36,11 @@ fn chunk_rows(cols: usize) -> usize {
 impl QMatrix {
     /// A matrix over `data`, which holds exactly the parts' rows (whole
     /// blocks), made planar in place where the kernels for planar rows run.
-    pub fn new(cols: usize, parts: Vec<(QFormat, usize)>, mut data: Vec<u8>) -> Result<Self> {
+    pub(crate) fn new(
+        cols: usize,
+        parts: Vec<(QFormat, usize)>,
+        mut data: Vec<u8>,
+    ) -> Result<Self> {
         if cols == 0 || !cols.is_multiple_of(quant::QK) {
             bail!(
                 "quantized rows need a length that is a multiple of {}, not {cols}",
@@ -74,7 +78,7 @@ impl QMatrix {
         self.parts.iter().map(|p| p.1).sum()
     }
 
-    pub fn cols(&self) -> usize {
+    pub(crate) fn cols(&self) -> usize {
         self.cols
     }
 
@@ -95,7 +99,7 @@ impl QMatrix {
     }
 
     /// `out = W · x` for activations already quantized.
-    pub fn matvec(&self, x: &Q8Act, out: &mut [f32]) {
+    pub(crate) fn matvec(&self, x: &Q8Act, out: &mut [f32]) {
         for (f, rows, data) in self.spans() {
             quant::matvec_q(f, self.form, data, x, &mut out[rows]);
         }
@@ -103,7 +107,13 @@ impl QMatrix {
 
     /// `out[r] = row r · x` for the rows `0..out.len()`, then
     /// `extra_out[j] = row extra[j] · x`.
-    pub fn matvec_subset(&self, x: &Q8Act, out: &mut [f32], extra: &[u32], extra_out: &mut [f32]) {
+    pub(crate) fn matvec_subset(
+        &self,
+        x: &Q8Act,
+        out: &mut [f32],
+        extra: &[u32],
+        extra_out: &mut [f32],
+    ) {
         for (f, rows, data) in self.spans() {
             let (lo, hi) = (rows.start, rows.end.min(out.len()));
             if lo < hi {
@@ -143,7 +153,7 @@ impl QMatrix {
     }
 
     /// Rows `ids` dequantized (an embedding lookup), `[ids.len(), cols]`.
-    pub fn gather_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+    pub(crate) fn gather_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
         let n = self.rows();
         let mut out = vec![0f32; ids.len() * self.cols];
         for (&id, o) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
@@ -190,7 +200,7 @@ impl QMatrix {
 
 /// A layer's weights: a tensor `[out, in]` (contiguous) or quantized rows.
 #[derive(Debug, Clone)]
-pub enum Weights {
+pub(crate) enum Weights {
     Dense(Tensor),
     Quant(QMatrix),
 }
@@ -203,7 +213,7 @@ pub struct Linear {
 }
 
 /// True when `x` holds a single row (one token of one sequence).
-pub fn is_single_row(x: &Tensor) -> bool {
+pub(crate) fn is_single_row(x: &Tensor) -> bool {
     x.dims().iter().rev().skip(1).product::<usize>() == 1
 }
 
@@ -212,32 +222,32 @@ impl Linear {
         Self::with_weights(Weights::Dense(weight.contiguous()?), bias)
     }
 
-    pub fn with_weights(weight: Weights, bias: Option<Tensor>) -> Result<Self> {
+    pub(crate) fn with_weights(weight: Weights, bias: Option<Tensor>) -> Result<Self> {
         let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
         Ok(Self { weight, bias })
     }
 
     /// The weight tensor (`None`: quantized rows).
-    pub fn dense_weight(&self) -> Option<&Tensor> {
+    pub(crate) fn dense_weight(&self) -> Option<&Tensor> {
         match &self.weight {
             Weights::Dense(t) => Some(t),
             Weights::Quant(_) => None,
         }
     }
 
-    pub fn weights(&self) -> &Weights {
+    pub(crate) fn weights(&self) -> &Weights {
         &self.weight
     }
 
     /// `(out, in)`.
-    pub fn dims(&self) -> Result<(usize, usize)> {
+    pub(crate) fn dims(&self) -> Result<(usize, usize)> {
         Ok(match &self.weight {
             Weights::Dense(t) => t.dims2()?,
             Weights::Quant(q) => (q.rows(), q.cols()),
         })
     }
 
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         match &self.weight {
             Weights::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
             Weights::Quant(q) => q.bytes(),
@@ -245,7 +255,7 @@ impl Linear {
     }
 
     /// Puts the weights on huge pages (see [`crate::sys::hugepages`]).
-    pub fn collapse_to_huge_pages(&self) {
+    pub(crate) fn collapse_to_huge_pages(&self) {
         match &self.weight {
             Weights::Dense(t) => crate::sys::hugepages::collapse_tensor(t),
             Weights::Quant(q) => crate::sys::hugepages::collapse(q.data.as_ptr(), q.data.len()),
@@ -271,7 +281,7 @@ impl Linear {
 
     /// One row on the CPU restricted to the rows of `vocab` (an output
     /// vocabulary): `[out]` with −∞ for the rows not computed, bias added.
-    pub fn forward_row_subset(
+    pub(crate) fn forward_row_subset(
         &self,
         x: &[f32],
         vocab: &crate::model::vocab::OutputVocab,
@@ -303,7 +313,7 @@ impl Linear {
 
     /// One row on the CPU, the output rows `ids` alone (ascending, each
     /// once): `[ids.len()]`, bias added.
-    pub fn forward_row_ids(&self, x: &[f32], ids: &[u32]) -> Result<Vec<f32>> {
+    pub(crate) fn forward_row_ids(&self, x: &[f32], ids: &[u32]) -> Result<Vec<f32>> {
         let (out, k) = self.dims()?;
         if x.len() != k
             || ids.windows(2).any(|w| w[0] >= w[1])
@@ -337,7 +347,7 @@ impl Linear {
     }
 
     /// The bias added to `y` (all of the layer's outputs; −∞ stays −∞).
-    pub fn add_bias_to(&self, y: &mut [f32]) -> Result<()> {
+    pub(crate) fn add_bias_to(&self, y: &mut [f32]) -> Result<()> {
         if let Some(b) = &self.bias {
             crate::kernels::with_f32(b, |b| {
                 y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
@@ -348,13 +358,13 @@ impl Linear {
     }
 
     /// Bytes of weights `rows` of this layer's rows read.
-    pub fn rows_bytes(&self, rows: usize) -> usize {
+    pub(crate) fn rows_bytes(&self, rows: usize) -> usize {
         let (out, _) = self.dims().unwrap_or((1, 0));
         (self.weight_bytes() as u128 * rows as u128 / out.max(1) as u128) as usize
     }
 
     /// `x [.., in]` (f32) → `[.., out]` (f32).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if is_single_row(x) && x.device().is_cpu() {
             let y = self.forward_row(&x.flatten_all()?.to_vec1::<f32>()?)?;
             let mut dims = x.dims().to_vec();

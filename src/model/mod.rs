@@ -16,7 +16,7 @@ pub mod config;
 pub mod footprint;
 mod head;
 pub mod head_screen;
-pub mod kv_cache;
+pub(crate) mod kv_cache;
 pub mod linear;
 pub mod mlp;
 mod norm;
@@ -25,15 +25,15 @@ mod rope;
 pub mod rowread;
 pub mod vocab;
 
-pub use attention::Attention;
-pub use block::Block;
+pub(crate) use block::Block;
 use checkpoint::safetensors_files;
 pub use checkpoint::weights_sha256;
-pub use config::{Config, Family};
-pub use kv_cache::KvCache;
-pub use linear::Linear;
+pub use config::Config;
+pub(crate) use config::Family;
+pub(crate) use kv_cache::KvCache;
+pub(crate) use linear::Linear;
 pub use mlp::Mlp;
-pub use norm::RmsNorm;
+pub(crate) use norm::RmsNorm;
 use rope::Rope;
 
 use anyhow::{bail, Context, Result};
@@ -352,7 +352,7 @@ impl Model {
 
     /// Bytes of weights read from the checkpoint so far (the load's and
     /// every swap's).
-    pub fn weight_bytes_read(&self) -> u64 {
+    pub(crate) fn weight_bytes_read(&self) -> u64 {
         match &self.ffn_source {
             Some(FfnSource::Rows(r)) => r.bytes_read(),
             Some(FfnSource::Bundles(f)) => f.bytes_read(),
@@ -367,7 +367,7 @@ impl Model {
     /// f16 rows read each added neuron's gate and up rows alone but the
     /// whole of `down_proj` (its columns are strided in the safetensors
     /// file); the quantized dtypes read exactly the added bundles.
-    pub fn swap_ffn(&mut self, rows: &FfnRows) -> Result<usize> {
+    pub(crate) fn swap_ffn(&mut self, rows: &FfnRows) -> Result<usize> {
         let FfnRows::Layers(layers) = rows else {
             bail!("a swap names each sparse layer's neurons");
         };
@@ -406,7 +406,7 @@ impl Model {
         &self.cfg
     }
 
-    pub fn device(&self) -> &Device {
+    pub(crate) fn device(&self) -> &Device {
         &self.device
     }
 
@@ -416,7 +416,7 @@ impl Model {
     }
 
     /// The weights' dtype by name (`f16`, `q4` …).
-    pub fn weights_name(&self) -> String {
+    pub(crate) fn weights_name(&self) -> String {
         match self.quant {
             Some(q) => q.name().to_string(),
             None => self.dtype.as_str().to_string(),
@@ -468,7 +468,7 @@ impl Model {
 
     /// Like [`Model::forward`] with per-layer MLP replacements (`None`
     /// entries keep the layer's own MLP): selective decode.
-    pub fn forward_with_mlps(
+    pub(crate) fn forward_with_mlps(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
@@ -488,7 +488,7 @@ impl Model {
     /// (prefill) path, with per-layer MLP replacements as
     /// [`Model::forward_with_mlps`], and returns the logits of every
     /// position, `[seq, vocab]` f32 (teacher forcing in one pass).
-    pub fn forward_all(
+    pub(crate) fn forward_all(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,

@@ -5,21 +5,21 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 #[derive(Debug, Clone)]
-pub struct RmsNorm {
+pub(crate) struct RmsNorm {
     weight: Tensor,
     eps: f32,
 }
 
 impl RmsNorm {
     /// A norm over `weight` (`[size]`, f32).
-    pub fn new(weight: Tensor, eps: f64) -> Self {
+    pub(crate) fn new(weight: Tensor, eps: f64) -> Self {
         Self {
             weight,
             eps: eps as f32,
         }
     }
 
-    pub fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
         let weight = vb
             .get_with_hints_dtype(size, "weight", Default::default(), DType::F32)
             .with_context(|| format!("loading {}.weight", vb.prefix()))?;
@@ -28,7 +28,7 @@ impl RmsNorm {
             eps: eps as f32,
         })
     }
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
     }
 

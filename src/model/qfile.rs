@@ -112,7 +112,7 @@ fn tensor_bytes(format: &str, shape: &[usize]) -> Result<u64> {
 
 /// Writes a quantized checkpoint: `header` (offsets and sizes filled in
 /// here, in the order given) and each item's bytes.
-pub fn write(
+pub(crate) fn write(
     path: &Path,
     mut header: Header,
     tensors: Vec<(String, Vec<u8>)>,
@@ -248,7 +248,7 @@ impl QFile {
     }
 
     /// Refuses a file made from other weights, or for another model shape.
-    pub fn check(&self, cfg: &Config, weights_sha256: &str) -> Result<()> {
+    pub(crate) fn check(&self, cfg: &Config, weights_sha256: &str) -> Result<()> {
         let p = self.path.display();
         if self.header.weights_sha256 != weights_sha256 {
             bail!(

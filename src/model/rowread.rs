@@ -222,14 +222,14 @@ impl RowReader {
 /// A growing buffer of weights in their final dtype: rows and columns of
 /// several tensors can be read into one (`[gate rows; up rows]`) and
 /// become a tensor without a copy.
-pub enum RowBuf {
+pub(crate) enum RowBuf {
     F32(Vec<f32>),
     F16(Vec<half::f16>),
     BF16(Vec<half::bf16>),
 }
 
 impl RowBuf {
-    pub fn new(dtype: DType) -> Result<Self> {
+    pub(crate) fn new(dtype: DType) -> Result<Self> {
         Ok(match dtype {
             DType::F32 => Self::F32(Vec::new()),
             DType::F16 => Self::F16(Vec::new()),
@@ -239,7 +239,7 @@ impl RowBuf {
     }
 
     /// Appends rows `rows` of `r`'s matrix `name`.
-    pub fn rows(&mut self, r: &RowReader, name: &str, rows: &[u32]) -> Result<&mut Self> {
+    pub(crate) fn rows(&mut self, r: &RowReader, name: &str, rows: &[u32]) -> Result<&mut Self> {
         match self {
             Self::F32(v) => r.append_rows(name, rows, v)?,
             Self::F16(v) => r.append_rows(name, rows, v)?,
@@ -249,7 +249,12 @@ impl RowBuf {
     }
 
     /// Appends columns `cols` of `r`'s matrix `name`, transposed.
-    pub fn columns_t(&mut self, r: &RowReader, name: &str, cols: &[u32]) -> Result<&mut Self> {
+    pub(crate) fn columns_t(
+        &mut self,
+        r: &RowReader,
+        name: &str,
+        cols: &[u32],
+    ) -> Result<&mut Self> {
         match self {
             Self::F32(v) => r.append_columns_t(name, cols, v)?,
             Self::F16(v) => r.append_columns_t(name, cols, v)?,
@@ -259,7 +264,7 @@ impl RowBuf {
     }
 
     /// The buffer as a `[rows, cols]` CPU tensor (no copy).
-    pub fn into_tensor(self, cols: usize) -> Result<Tensor> {
+    pub(crate) fn into_tensor(self, cols: usize) -> Result<Tensor> {
         let len = match &self {
             Self::F32(v) => v.len(),
             Self::F16(v) => v.len(),
@@ -319,7 +324,7 @@ impl RowReader {
     /// The whole tensor `name` in `dtype`, read with `pread` a few MiB at a
     /// time and converted into its final buffer: no mapping of the file and
     /// no second copy of the tensor while loading.
-    pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor> {
+    pub(crate) fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor> {
         fn read<T: FromF32>(r: &RowReader, name: &str, e: &TensorEntry) -> Result<Tensor> {
             let n: usize = e.shape.iter().product();
             let elem = e.dtype.size_in_bytes();
@@ -350,7 +355,7 @@ impl RowReader {
 /// A [`candle_nn::VarBuilder`] backend reading whole tensors with `pread`
 /// ([`RowReader::tensor`]): loading holds no mapping of the checkpoint
 /// beside the loaded copies.
-pub struct PreadTensors(pub std::sync::Arc<RowSource>);
+pub(crate) struct PreadTensors(pub std::sync::Arc<RowSource>);
 
 impl candle_nn::var_builder::SimpleBackend for PreadTensors {
     fn get(
@@ -392,7 +397,7 @@ pub struct RowSource {
 }
 
 impl RowSource {
-    pub fn open(files: &[PathBuf]) -> Result<Self> {
+    pub(crate) fn open(files: &[PathBuf]) -> Result<Self> {
         Ok(Self {
             readers: files
                 .iter()
@@ -403,7 +408,7 @@ impl RowSource {
 
     /// Drops the page cache of every file (`posix_fadvise(DONTNEED)`), so
     /// the next read goes to the disk again (a model whose FFN is streamed).
-    pub fn drop_cached(&self) {
+    pub(crate) fn drop_cached(&self) {
         use std::os::fd::AsRawFd;
         for r in &self.readers {
             // SAFETY: a valid open descriptor; the call only advises the kernel.
@@ -422,7 +427,7 @@ impl RowSource {
     }
 
     /// Every tensor of the checkpoint, with where it lives.
-    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorEntry)> {
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = (&str, &TensorEntry)> {
         self.readers
             .iter()
             .flat_map(|r| r.entries.iter().map(|(n, e)| (n.as_str(), e)))

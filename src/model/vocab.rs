@@ -47,7 +47,7 @@ impl OutputVocab {
     /// cut where `prefix + 2 × (kept ids past it)` is least — a row picked
     /// by index costs about two of a stream (measured on Qwen2.5's table:
     /// a cut at the fewest rows gathered 2/3 of them and decoded slower).
-    pub fn covering(vocab_size: usize, keep: &[bool]) -> Result<Self> {
+    pub(crate) fn covering(vocab_size: usize, keep: &[bool]) -> Result<Self> {
         if keep.len() != vocab_size {
             bail!(
                 "output vocabulary: {} flags for a vocabulary of {vocab_size}",
@@ -70,12 +70,12 @@ impl OutputVocab {
         Self::new(vocab_size, best, extra)
     }
 
-    pub fn vocab_size(&self) -> usize {
+    pub(crate) fn vocab_size(&self) -> usize {
         self.vocab_size
     }
 
     /// Refuses a restriction made for another vocabulary size.
-    pub fn check_size(&self, vocab_size: usize) -> Result<()> {
+    pub(crate) fn check_size(&self, vocab_size: usize) -> Result<()> {
         if self.vocab_size != vocab_size {
             bail!(
                 "an output vocabulary of {} tokens for a model of {vocab_size}",
@@ -86,17 +86,17 @@ impl OutputVocab {
     }
 
     /// The contiguous rows `0..prefix`.
-    pub fn prefix(&self) -> usize {
+    pub(crate) fn prefix(&self) -> usize {
         self.prefix
     }
 
     /// The rows past the prefix, ascending.
-    pub fn extra(&self) -> &[u32] {
+    pub(crate) fn extra(&self) -> &[u32] {
         &self.extra
     }
 
     /// Rows computed per decode step.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.prefix + self.extra.len()
     }
 
@@ -106,7 +106,7 @@ impl OutputVocab {
 
     /// Sets every logit outside the restriction to −∞ (the same result as
     /// computing only its rows: each row's logit is its own dot product).
-    pub fn mask(&self, logits: &mut [f32]) {
+    pub(crate) fn mask(&self, logits: &mut [f32]) {
         let mut next = self.extra.iter().peekable();
         for (i, l) in logits.iter_mut().enumerate().skip(self.prefix) {
             if next.peek().is_some_and(|&&e| e as usize == i) {

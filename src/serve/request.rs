@@ -61,7 +61,7 @@ pub struct Reply {
 
 impl Reply {
     /// A failed request: nothing generated, `error` says why.
-    pub fn error(request_id: &str, error: impl Into<String>) -> Self {
+    pub(crate) fn error(request_id: &str, error: impl Into<String>) -> Self {
         Self {
             success: false,
             error: error.into(),

@@ -36,7 +36,7 @@ impl CancelToken {
     pub fn cancel(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
 }
@@ -95,7 +95,7 @@ pub struct Stats {
 /// What runtime settings may be on a loaded server: the node's parameter
 /// descriptors are drawn from it, so they say what a set accepts.
 #[derive(Debug, Clone)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// `max_new_tokens` is below it.
     pub max_context: usize,
     /// Tasks with a plan (`task` is one of them).
@@ -374,7 +374,7 @@ impl Server {
     }
 
     /// Why a request is refused when the queue is full.
-    pub fn queue_full_reason(&self) -> String {
+    pub(crate) fn queue_full_reason(&self) -> String {
         format!(
             "rejected: the queue is full (queue_depth {})",
             self.capacity
@@ -383,7 +383,7 @@ impl Server {
 
     /// Whether one more job would be queued now (for action goal acceptance).
     /// What runtime settings may be (see [`Bounds`]).
-    pub fn bounds(&self) -> Bounds {
+    pub(crate) fn bounds(&self) -> Bounds {
         let l = &self.limits;
         Bounds {
             max_context: l.max_context,
@@ -394,7 +394,7 @@ impl Server {
         }
     }
 
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         let q = self.shared.queue.lock().unwrap();
         q.open && q.jobs.len() < self.capacity
     }
@@ -444,7 +444,7 @@ impl Drop for Server {
 }
 
 /// A request id for requests that came without one.
-pub fn new_request_id() -> String {
+pub(crate) fn new_request_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let t = std::time::SystemTime::now()

@@ -26,7 +26,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 /// Bumped whenever the converter's output changes, so old folders get redone.
-pub const CONVERTER_VERSION: u32 = 2;
+pub(crate) const CONVERTER_VERSION: u32 = 2;
 const STAMP_FILE: &str = "prepared.json";
 
 /// PyTorch's name of a weight dtype (in `config.json`).
@@ -46,7 +46,7 @@ struct Stamp {
 }
 
 /// True when `dir` holds a complete conversion of the GGUF with this hash.
-pub fn is_converted(dir: &Path, gguf_sha256: &str, dtype: WeightDtype) -> bool {
+pub(crate) fn is_converted(dir: &Path, gguf_sha256: &str, dtype: WeightDtype) -> bool {
     let want = Stamp {
         converter_version: CONVERTER_VERSION,
         gguf_sha256: gguf_sha256.to_string(),
@@ -91,7 +91,7 @@ struct Gguf {
 /// Reads a GGUF header with candle's reader, which panics on some
 /// malformed files (an alignment of 0 divides by zero): that is the file's
 /// error, not a crash. Every GGUF reader of the project goes through here.
-pub fn read_gguf_header(path: &Path, f: &mut fs::File) -> Result<gguf_file::Content> {
+pub(crate) fn read_gguf_header(path: &Path, f: &mut fs::File) -> Result<gguf_file::Content> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gguf_file::Content::read(f)))
         .map_err(|_| anyhow::anyhow!("malformed GGUF header (candle's reader panicked)"))
         .and_then(|r| Ok(r?))
@@ -177,7 +177,12 @@ impl Gguf {
 }
 
 /// Converts `gguf` into `out` (see the module docs).
-pub fn convert_gguf(gguf: &Path, out: &Path, gguf_sha256: &str, dtype: WeightDtype) -> Result<()> {
+pub(crate) fn convert_gguf(
+    gguf: &Path,
+    out: &Path,
+    gguf_sha256: &str,
+    dtype: WeightDtype,
+) -> Result<()> {
     let g = Gguf::open(gguf)?;
     let arch = g.arch()?;
     let config = hf_config(&g, arch, dtype)?;

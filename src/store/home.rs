@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
 /// The environment variable that names the models home.
-pub const MODELS_ENV: &str = "SELECTINFER_MODELS";
+pub(crate) const MODELS_ENV: &str = "SELECTINFER_MODELS";
 
 /// The folder that holds the catalog's models: `$SELECTINFER_MODELS`, else
 /// `$XDG_DATA_HOME/selectinfer/models`, else
@@ -77,7 +77,7 @@ impl ModelRef {
 /// Whether `folder` holds what loading it in `dtype` reads: config,
 /// tokenizer, and the checkpoint of that dtype (for q8/q4 one whose
 /// header matches the folder's weights).
-pub fn is_ready(folder: &Path, dtype: WeightDtype) -> bool {
+pub(crate) fn is_ready(folder: &Path, dtype: WeightDtype) -> bool {
     let base = ["config.json", "tokenizer.json", "tokenizer_config.json"]
         .iter()
         .all(|f| folder.join(f).is_file());

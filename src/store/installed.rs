@@ -9,12 +9,12 @@ use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
 /// The ROS package's name (its share folder).
-pub const PACKAGE: &str = "selectinfer";
+pub(crate) const PACKAGE: &str = "selectinfer";
 /// Where the rankings live, in the share folder and the source tree.
-pub const RANKINGS: &str = "rankings";
+pub(crate) const RANKINGS: &str = "rankings";
 
 /// The folders searched for `sub`, in order.
-pub fn search_dirs(sub: &str) -> Vec<PathBuf> {
+pub(crate) fn search_dirs(sub: &str) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(paths) = std::env::var_os("AMENT_PREFIX_PATH") {
         for prefix in std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()) {
@@ -26,7 +26,7 @@ pub fn search_dirs(sub: &str) -> Vec<PathBuf> {
 }
 
 /// The first `sub/file` in [`search_dirs`]; `Err` lists the folders searched.
-pub fn find(sub: &str, file: &str) -> std::result::Result<PathBuf, Vec<PathBuf>> {
+pub(crate) fn find(sub: &str, file: &str) -> std::result::Result<PathBuf, Vec<PathBuf>> {
     let dirs = search_dirs(sub);
     dirs.iter()
         .map(|d| d.join(file))

@@ -7,7 +7,7 @@
 //! ([`installed`], [`preset`]). The node and the CLI resolve a model here
 //! before the engine loads it; the engine itself only sees folders.
 
-pub mod convert;
+pub(crate) mod convert;
 pub mod home;
 pub mod installed;
 pub mod prepare;

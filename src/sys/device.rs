@@ -67,7 +67,7 @@ crate::sys::named::impl_named!(WeightDtype, "dtype", {
 });
 
 /// Parses `cpu` or `cuda:N` (`cuda` = `cuda:0`).
-pub fn parse_device(name: &str) -> Result<Device> {
+pub(crate) fn parse_device(name: &str) -> Result<Device> {
     let name = name.trim();
     if name == "cpu" {
         return Ok(Device::Cpu);
@@ -98,7 +98,7 @@ pub fn parse_device(name: &str) -> Result<Device> {
 
 /// Refuses the quantized dtypes off the CPU: candle's quantized CUDA
 /// matmuls are not wired in (use f16 on CUDA).
-pub fn check_quant(device: &Device, quant: Option<Quant>) -> Result<()> {
+pub(crate) fn check_quant(device: &Device, quant: Option<Quant>) -> Result<()> {
     match (device, quant) {
         (Device::Cpu, _) | (_, None) => Ok(()),
         (d, Some(q)) => bail!(
@@ -130,13 +130,13 @@ pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
 
 /// (major, minor) compute capability of a CUDA device.
 #[cfg(feature = "cuda")]
-pub fn compute_capability(device: &Device) -> Result<(i32, i32)> {
+pub(crate) fn compute_capability(device: &Device) -> Result<(i32, i32)> {
     let ctx = device.as_cuda_device()?.cuda_stream().context().clone();
     Ok(ctx.compute_capability()?)
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn compute_capability(_device: &Device) -> Result<(i32, i32)> {
+pub(crate) fn compute_capability(_device: &Device) -> Result<(i32, i32)> {
     bail!("this build has no CUDA support (build with --features cuda)")
 }
 
@@ -144,7 +144,7 @@ pub fn compute_capability(_device: &Device) -> Result<(i32, i32)> {
 /// CPU. Differences between two readings in one process are what this
 /// process allocated.
 #[cfg(feature = "cuda")]
-pub fn memory_used_bytes(device: &Device) -> Option<u64> {
+pub(crate) fn memory_used_bytes(device: &Device) -> Option<u64> {
     let ctx = device
         .as_cuda_device()
         .ok()?
@@ -156,6 +156,6 @@ pub fn memory_used_bytes(device: &Device) -> Option<u64> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn memory_used_bytes(_device: &Device) -> Option<u64> {
+pub(crate) fn memory_used_bytes(_device: &Device) -> Option<u64> {
     None
 }

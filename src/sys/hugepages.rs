@@ -39,7 +39,7 @@ pub fn advise(ptr: *const u8, bytes: usize) {
 /// (`MADV_COLLAPSE`), contents unchanged. Covers every huge page the range
 /// touches, also parts shared with neighbouring allocations: collapsing
 /// changes only how memory is backed.
-pub fn collapse(ptr: *const u8, bytes: usize) {
+pub(crate) fn collapse(ptr: *const u8, bytes: usize) {
     #[cfg(target_os = "linux")]
     {
         /// `MADV_COLLAPSE` (Linux 6.1); older kernels refuse it with EINVAL.
@@ -58,7 +58,7 @@ pub fn collapse(ptr: *const u8, bytes: usize) {
 
 /// [`collapse`] for the data of an f32/f16 CPU tensor; other tensors are
 /// left alone.
-pub fn collapse_tensor(t: &Tensor) {
+pub(crate) fn collapse_tensor(t: &Tensor) {
     let (storage, layout) = t.storage_and_layout();
     let Some((a, b)) = layout.contiguous_offsets() else {
         return;

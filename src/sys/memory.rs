@@ -23,7 +23,7 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Current resident set size (VmRSS), in bytes; 0 if unknown.
-pub fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     proc_kib("status", "VmRSS:") * 1024
 }
 
@@ -37,13 +37,13 @@ pub fn anon_huge_page_bytes() -> u64 {
 /// huge pages where the system has them (like the weights,
 /// `crate::sys::hugepages`), so that it shows the best this machine's memory
 /// delivers. Holding it keeps its memory resident.
-pub struct BandwidthProbe {
+pub(crate) struct BandwidthProbe {
     data: Vec<f32>,
 }
 
 impl BandwidthProbe {
     /// A probe over `bytes` bytes (well past the last-level cache), filled.
-    pub fn new(bytes: usize) -> Self {
+    pub(crate) fn new(bytes: usize) -> Self {
         let n = bytes / 4;
         let mut data: Vec<f32> = Vec::with_capacity(n);
         crate::sys::hugepages::advise(data.as_ptr().cast(), n * 4);
@@ -55,7 +55,7 @@ impl BandwidthProbe {
     }
 
     /// One timed pass over the buffer: read bandwidth, GB/s (1e9 bytes).
-    pub fn pass(&self) -> f64 {
+    pub(crate) fn pass(&self) -> f64 {
         let data = &self.data;
         let chunk = data.len().div_ceil(rayon::current_num_threads().max(1) * 8);
         let t = Instant::now();
@@ -78,12 +78,12 @@ impl BandwidthProbe {
     }
 
     /// The best of `passes` passes, GB/s: the roofline.
-    pub fn best(&self, passes: usize) -> f64 {
+    pub(crate) fn best(&self, passes: usize) -> f64 {
         (0..passes.max(1)).map(|_| self.pass()).fold(0.0, f64::max)
     }
 
     /// The median of `passes` passes, GB/s.
-    pub fn median(&self, passes: usize) -> f64 {
+    pub(crate) fn median(&self, passes: usize) -> f64 {
         let mut v: Vec<f64> = (0..passes.max(1)).map(|_| self.pass()).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -105,7 +105,7 @@ pub fn measure_read_bandwidth(bytes: usize, repeats: usize) -> f64 {
 /// free heap). Fixing the threshold turns that adjustment off; one arena
 /// (instead of one per thread) keeps the threads' freed blocks in one
 /// place. Call before the model loads; no-op where malloc is not glibc's.
-pub fn bound_allocator_retention(mmap_threshold: usize, arenas: usize) {
+pub(crate) fn bound_allocator_retention(mmap_threshold: usize, arenas: usize) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets the allocator's parameters.
     unsafe {
@@ -120,7 +120,7 @@ pub fn bound_allocator_retention(mmap_threshold: usize, arenas: usize) {
 /// Gives the allocator's free memory back to the system (glibc keeps freed
 /// heap in its arenas, the worker thread's included): after a large free
 /// such as unloading a model. No-op elsewhere.
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     unsafe {
         libc::malloc_trim(0);

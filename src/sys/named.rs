@@ -13,7 +13,7 @@ pub trait Named: Copy + 'static {
 }
 
 /// The names of every value, comma-separated.
-pub fn names<T: Named>() -> String {
+pub(crate) fn names<T: Named>() -> String {
     T::ALL
         .iter()
         .map(|v| v.name())
@@ -38,7 +38,7 @@ macro_rules! impl_named {
     ($t:ty, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $t {
             /// The name as written on the command line, in parameters and in YAML.
-            pub fn name(self) -> &'static str {
+            pub(crate) fn name(self) -> &'static str {
                 match self {
                     $(Self::$variant => $name,)+
                 }

@@ -28,6 +28,6 @@ pub fn set(n: usize) -> Result<()> {
 }
 
 /// Threads computing now (rayon's global pool).
-pub fn current() -> usize {
+pub(crate) fn current() -> usize {
     rayon::current_num_threads()
 }

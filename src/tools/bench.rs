@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// The fixed benchmark prompts (chat-formatted by the model's template).
-pub const BENCH_PROMPTS: &[&str] = &[
+pub(crate) const BENCH_PROMPTS: &[&str] = &[
     "Explain in a few sentences why the sky is blue.",
     "Write a short story about a robot that learns to paint.",
     "Translate to English: Der Roboter fährt morgen früh zur Ladestation zurück.",
@@ -172,7 +172,7 @@ fn timed_run(
     })
 }
 
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     pub engine: BenchEngine,
     /// Selective mode of our engine (`None`: dense).
     pub method: Option<crate::method::Method>,
@@ -210,7 +210,11 @@ pub fn run_spec(
 
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
 /// our model with `load`; `candle-gguf` loads only the tokenizer and the GGUF.
-pub fn run(model_dir: &Path, load: &LoadOptions, opts: &BenchOptions) -> Result<BenchReport> {
+pub(crate) fn run(
+    model_dir: &Path,
+    load: &LoadOptions,
+    opts: &BenchOptions,
+) -> Result<BenchReport> {
     if opts.new_tokens < 2 {
         bail!("bench needs at least 2 new tokens per prompt");
     }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 /// `call`'s verdict against one row: `functions` as the row offers them,
 /// `references` (per call: function name → argument → accepted values),
 /// `calls` as `(name, arguments object)`.
-pub fn check(
+pub(crate) fn check(
     category: &str,
     functions: &[Value],
     references: &[Value],

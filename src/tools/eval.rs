@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 /// The prompt template of each task (`{field}` placeholders, see
 /// [`data::render_template`]); `config/profile.yaml` uses the same ones.
-pub fn default_template(task: &str) -> Option<&'static str> {
+pub(crate) fn default_template(task: &str) -> Option<&'static str> {
     Some(match task {
         "translation" => "Translate the following German text into English. Reply with the translation only.\n\n{source}",
         "summarization" => "Summarize the following article in one sentence.\n\n{document}",
@@ -51,7 +51,7 @@ pub struct EvalOptions {
 
 /// One example's result, as stored in the outputs file.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ExampleOutput {
+pub(crate) struct ExampleOutput {
     pub id: String,
     pub prediction: String,
     pub raw_text: String,
@@ -237,7 +237,7 @@ impl std::fmt::Display for EvalReport {
 
 /// The answer part of a generation: its first non-empty line, trimmed
 /// (prompts ask for a single sentence / span / translation).
-pub fn prediction(text: &str) -> String {
+pub(crate) fn prediction(text: &str) -> String {
     text.lines()
         .map(str::trim)
         .find(|l| !l.is_empty())
@@ -247,7 +247,7 @@ pub fn prediction(text: &str) -> String {
 
 /// The task of `opts.data` and the outputs [`run`] wrote to `opts.outputs`
 /// for its examples, in the file's order (examples not run are left out).
-pub fn outputs(opts: &EvalOptions) -> Result<(String, Vec<ExampleOutput>)> {
+pub(crate) fn outputs(opts: &EvalOptions) -> Result<(String, Vec<ExampleOutput>)> {
     let examples = data::load_jsonl(&opts.data, opts.limit)?;
     let task = task_of(&examples, &opts.data)?;
     let mut done = read_outputs(&opts.outputs)?;
@@ -280,7 +280,7 @@ fn read_outputs(path: &Path) -> Result<HashMap<String, ExampleOutput>> {
 }
 
 /// Scores predictions for `task`.
-pub fn score(task: &str, outputs: &[ExampleOutput]) -> Result<BTreeMap<String, f64>> {
+pub(crate) fn score(task: &str, outputs: &[ExampleOutput]) -> Result<BTreeMap<String, f64>> {
     let hyps: Vec<String> = outputs.iter().map(|o| o.prediction.clone()).collect();
     let refs: Vec<Vec<String>> = outputs.iter().map(|o| o.references.clone()).collect();
     let mut m = BTreeMap::new();
@@ -347,7 +347,7 @@ fn load_task(opts: &EvalOptions) -> Result<(Vec<Example>, String, Vec<Prompt>)> 
 /// evaluation through another engine (llama.cpp: `scripts/compare.py`),
 /// whose outputs `eval` then scores from the outputs file.
 #[derive(Debug, Clone, Serialize)]
-pub struct PromptRecord {
+pub(crate) struct PromptRecord {
     pub id: String,
     pub task: String,
     pub prompt_token_ids: Vec<u32>,
@@ -356,7 +356,7 @@ pub struct PromptRecord {
 
 /// The prompts `run` would generate from (same template, chat format and
 /// context check), without generating.
-pub fn prompts(
+pub(crate) fn prompts(
     codec: &crate::engine::text::TextCodec,
     max_context: usize,
     opts: &EvalOptions,

@@ -111,7 +111,7 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
 }
 
 /// Whether two specs load the same engine (they may differ in φ, α, score).
-pub fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
+pub(crate) fn same_load(a: &EngineSpec, b: &EngineSpec) -> bool {
     let strip = |s: &EngineSpec| EngineSpec {
         params: SelectionParams {
             compute_ratio: 0.0,
@@ -292,7 +292,7 @@ impl std::fmt::Display for TaskFidelity {
 /// `KL(p ‖ q)` of two logit rows (softmax in f64). Where `q` computes only
 /// some tokens (an output vocabulary: the others are −∞), `p` is taken on
 /// the same tokens, renormalised: the mass it loses is [`outside_mass`].
-pub fn kl(p: &[f32], q: &[f32]) -> f64 {
+pub(crate) fn kl(p: &[f32], q: &[f32]) -> f64 {
     if q.contains(&f32::NEG_INFINITY) {
         let p: Vec<f32> = p
             .iter()
@@ -305,7 +305,7 @@ pub fn kl(p: &[f32], q: &[f32]) -> f64 {
 }
 
 /// The probability `p` gives the tokens `q` does not compute (−∞).
-pub fn outside_mass(p: &[f32], q: &[f32]) -> f64 {
+pub(crate) fn outside_mass(p: &[f32], q: &[f32]) -> f64 {
     let m = p.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
     let (mut all, mut out) = (0.0, 0.0);
     for (&a, &b) in p.iter().zip(q) {

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use std::time::Instant;
 
 /// Prompts both engines answer after the swap.
-pub const PROMPTS: [&str; 3] = [
+pub(crate) const PROMPTS: [&str; 3] = [
     "Translate into English: Der Roboter fährt in die Küche.",
     "Summarize in one sentence: The robot charged its battery and then mapped the lab.",
     "What is the capital of France?",

@@ -9,7 +9,7 @@
 //! is the workspace's `selectinfer-bagtools` crate; the plots are the lab's.
 
 pub mod bench;
-pub mod bfcl;
+pub(crate) mod bfcl;
 pub mod data;
 pub mod eval;
 pub mod fidelity;

@@ -76,7 +76,7 @@ pub fn candidates(layers: usize) -> Vec<Knobs> {
 }
 
 /// A configuration's short name (`mode=dense,head_screen=64,...`).
-pub fn name(knobs: &Knobs) -> String {
+pub(crate) fn name(knobs: &Knobs) -> String {
     knobs
         .iter()
         .map(|(k, v)| format!("{k}={}", v.replace(',', ":")))
@@ -85,7 +85,7 @@ pub fn name(knobs: &Knobs) -> String {
 }
 
 /// The flags of `selectinfer bench`/`eval` that set these knobs.
-pub fn flags(knobs: &Knobs) -> Vec<String> {
+pub(crate) fn flags(knobs: &Knobs) -> Vec<String> {
     knobs
         .iter()
         .flat_map(|(k, v)| [format!("--{}", k.replace('_', "-")), v.clone()])
@@ -168,7 +168,7 @@ impl TuneState {
 }
 
 /// The task metric a preset must keep, per task.
-pub fn metric_of(task: &str) -> &'static str {
+pub(crate) fn metric_of(task: &str) -> &'static str {
     match task {
         "translation" => "bleu",
         "summarization" => "rougeL",

@@ -14,7 +14,7 @@ impl Mlp {
     /// columns; nothing else of the MLP is read into memory. Neurons are
     /// held in ascending index order (so consecutive rows are read at once,
     /// and loading every neuron gives exactly the dense MLP).
-    pub fn load_neurons(
+    pub(crate) fn load_neurons(
         source: &RowSource,
         prefix: &str,
         neurons: &[u32],

@@ -42,7 +42,7 @@ enum Store {
 }
 
 /// Why a quantized MLP (bundles) refuses per-token gating.
-pub const QUANTIZED_NOT_GATED: &str =
+pub(crate) const QUANTIZED_NOT_GATED: &str =
     "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated";
 
 #[derive(Debug, Clone)]
@@ -79,7 +79,7 @@ impl Mlp {
 
     /// Builds an MLP from per-neuron rows: `gate [N, H]`, `up [N, H]`,
     /// `down_t [N, H]` (the transpose of `down_proj` restricted to the neurons).
-    pub fn from_neuron_rows(gate: &Tensor, up: &Tensor, down_t: &Tensor) -> Result<Self> {
+    pub(crate) fn from_neuron_rows(gate: &Tensor, up: &Tensor, down_t: &Tensor) -> Result<Self> {
         let width = gate.dim(0)?;
         Ok(Self {
             store: Store::Rows {
@@ -127,7 +127,7 @@ impl Mlp {
 
     /// An MLP holding no neuron (the placeholder of a layer whose FFN is
     /// streamed from disk at every forward pass).
-    pub fn empty(hidden: usize, dtype: DType, device: &candle_core::Device) -> Result<Self> {
+    pub(crate) fn empty(hidden: usize, dtype: DType, device: &candle_core::Device) -> Result<Self> {
         let none = Tensor::zeros((0, hidden), dtype, device)?;
         let mut mlp = Self::from_neuron_rows(&none, &none, &none)?;
         mlp.neurons = Some(Vec::new());
@@ -168,7 +168,7 @@ impl Mlp {
     /// ones are freed. Clones of an `Mlp` share its storage, so arrange only
     /// an MLP no one else holds (a model's own; [`Mlp::front`]'s views are
     /// the next prompt's to replace).
-    pub fn arrange(&mut self, front: &[usize]) -> Result<()> {
+    pub(crate) fn arrange(&mut self, front: &[usize]) -> Result<()> {
         let w = self.width;
         if let Some(&bad) = front.iter().find(|&&p| p >= w) {
             anyhow::bail!("neuron position {bad} out of range ({w} held)");
@@ -222,7 +222,7 @@ impl Mlp {
 
     /// Stores the neurons in canonical order again, as loaded (after
     /// [`Mlp::arrange`]; a no-op on an MLP in that order).
-    pub fn unarrange(&mut self) -> Result<()> {
+    pub(crate) fn unarrange(&mut self) -> Result<()> {
         match self.order {
             Some(_) => self.arrange(&(0..self.width).collect::<Vec<_>>()),
             None => Ok(()),
@@ -233,7 +233,7 @@ impl Mlp {
     /// with no copy of the layer: bundles always; rows where both matrices
     /// permute in place ([`crate::kernels::gather::permutes_in_place`];
     /// else a gathered copy per matrix).
-    pub fn arranges_in_place(&self) -> bool {
+    pub(crate) fn arranges_in_place(&self) -> bool {
         use crate::kernels::gather::permutes_in_place;
         match &self.store {
             Store::Bundles(_) => true,
@@ -245,7 +245,7 @@ impl Mlp {
 
     /// The front segment as an MLP of its own: views of the stored rows, no
     /// copy. What decode runs on after [`Mlp::arrange`].
-    pub fn front(&self) -> Result<Self> {
+    pub(crate) fn front(&self) -> Result<Self> {
         let Some(order) = &self.order else {
             return Ok(self.clone());
         };
@@ -281,7 +281,7 @@ impl Mlp {
     /// for only the `keep` neurons of each group of
     /// [`crate::kernels::GATE_GROUP`] with the largest |silu(gate)|
     /// (`None`: every neuron). f32/f16 rows only.
-    pub fn gated(mut self, keep: Option<usize>) -> Result<Self> {
+    pub(crate) fn gated(mut self, keep: Option<usize>) -> Result<Self> {
         if let Some(k) = keep {
             if matches!(self.store, Store::Bundles(_)) {
                 anyhow::bail!(QUANTIZED_NOT_GATED);
@@ -317,7 +317,7 @@ impl Mlp {
 
     /// `‖down_j‖₂` of each held neuron (its output's weight norm), in
     /// canonical order.
-    pub fn down_norms(&self) -> Result<Vec<f32>> {
+    pub(crate) fn down_norms(&self) -> Result<Vec<f32>> {
         let stored = match &self.store {
             Store::Rows { down_t, .. } => down_t.to_dtype(DType::F32)?.sqr()?.sum(1)?.sqrt()?,
             Store::Bundles(b) => Tensor::new(b.down_norms(), &candle_core::Device::Cpu)?,
@@ -327,7 +327,7 @@ impl Mlp {
 
     /// Activations `a [.., N]` in storage order → canonical order (what
     /// selection works on).
-    pub fn to_canonical(&self, a: &Tensor) -> Result<Tensor> {
+    pub(crate) fn to_canonical(&self, a: &Tensor) -> Result<Tensor> {
         if self.order.is_none() {
             return Ok(a.clone());
         }
@@ -336,7 +336,7 @@ impl Mlp {
     }
 
     /// Loads every neuron of layer `prefix` with `pread` (the dense MLP).
-    pub fn load_all(
+    pub(crate) fn load_all(
         source: &RowSource,
         prefix: &str,
         intermediate: usize,
@@ -372,7 +372,7 @@ impl Mlp {
     }
 
     /// Moves the weights onto huge pages ([`crate::sys::hugepages`]).
-    pub fn collapse_to_huge_pages(&self) {
+    pub(crate) fn collapse_to_huge_pages(&self) {
         match &self.store {
             Store::Rows { gate_up, down_t } => {
                 gate_up.collapse_to_huge_pages();
@@ -452,7 +452,7 @@ impl Mlp {
     }
 
     /// `down_proj` applied to activations `a [.., N]` → `[.., H]`, f32.
-    pub fn down(&self, a: &Tensor) -> Result<Tensor> {
+    pub(crate) fn down(&self, a: &Tensor) -> Result<Tensor> {
         let down_t = match &self.store {
             // Summed in canonical order, wherever the last prompt's
             // arrangement left the neurons: a prompt's prefill (and so its
@@ -482,7 +482,7 @@ impl Mlp {
     /// One row on the CPU, `x [H]` → `[H]`: the fused SwiGLU kernel
     /// ([`crate::kernels::swiglu_mlp`]) when the rows are in canonical
     /// order (a dense MLP, a subset, or an arranged MLP's [`Mlp::front`]).
-    pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
+    pub(crate) fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
         let (gate_up, down_t) = match &self.store {
             // Bundles hold each neuron whole: any storage order sums the same.
             Store::Bundles(b) => return b.forward_row(x),

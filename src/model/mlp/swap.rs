@@ -18,7 +18,7 @@ impl Mlp {
     /// The layer ends in canonical order (not arranged). Returns how many
     /// neurons were read. Bundles need no second copy; of f32/f16 rows at
     /// most one of the layer's matrices exists twice meanwhile.
-    pub fn swap_neurons(
+    pub(crate) fn swap_neurons(
         &mut self,
         neurons: &[u32],
         read: impl FnOnce(&[u32]) -> Result<Mlp>,

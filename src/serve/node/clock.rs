@@ -13,12 +13,12 @@ use std::time::Duration;
 pub(super) struct NodeClock(Arc<Mutex<r2r::Clock>>);
 
 impl NodeClock {
-    pub fn of(node: &r2r::Node) -> Self {
+    pub(crate) fn of(node: &r2r::Node) -> Self {
         Self(node.get_ros_clock())
     }
 
     /// Time since the epoch (or since the simulation's start).
-    pub fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> Duration {
         match self.0.lock().unwrap().get_now() {
             Ok(t) => t,
             Err(e) => {
@@ -28,7 +28,7 @@ impl NodeClock {
         }
     }
 
-    pub fn stamp(&self) -> Time {
+    pub(crate) fn stamp(&self) -> Time {
         r2r::Clock::to_builtin_time(&self.now())
     }
 }

@@ -115,7 +115,7 @@ struct Inner {
 
 impl Managed {
     /// Unconfigured; `params` are what configure loads.
-    pub fn new(params: NodeParams) -> Self {
+    pub(crate) fn new(params: NodeParams) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 state: UNCONFIGURED,
@@ -152,7 +152,7 @@ impl Managed {
         }
     }
 
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         state(self.inner.lock().unwrap().state)
     }
 
@@ -169,7 +169,7 @@ impl Managed {
     }
 
     /// Queues `job` on the active server, or answers it at once.
-    pub fn submit(&self, job: Job) -> bool {
+    pub(crate) fn submit(&self, job: Job) -> bool {
         match self.active() {
             Ok(s) => s.submit(job),
             Err(why) => {
@@ -181,7 +181,7 @@ impl Managed {
     }
 
     /// Whether a goal would be queued now, else why not.
-    pub fn room(&self) -> Result<(), String> {
+    pub(crate) fn room(&self) -> Result<(), String> {
         let s = self.active()?;
         match s.has_room() {
             true => Ok(()),
@@ -189,19 +189,19 @@ impl Managed {
         }
     }
 
-    pub fn purge_cancelled(&self) {
+    pub(crate) fn purge_cancelled(&self) {
         if let Some(s) = self.inner.lock().unwrap().server.clone() {
             s.purge_cancelled();
         }
     }
 
     /// The loaded server's [`Bounds`]; `None` while unconfigured.
-    pub fn bounds(&self) -> Option<Bounds> {
+    pub(crate) fn bounds(&self) -> Option<Bounds> {
         let server = self.inner.lock().unwrap().server.clone();
         server.map(|s| s.bounds())
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         match self.inner.lock().unwrap().server.clone() {
             Some(s) => s.stats(),
             None => Stats {
@@ -273,7 +273,7 @@ impl Managed {
     }
 
     /// Stops everything at exit.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         // Kept in place: what arrives after this is refused by the server
         // itself, as "the node is shutting down".
         let server = self.inner.lock().unwrap().server.clone();

@@ -26,7 +26,7 @@ pub(super) struct Outputs {
 }
 
 impl Outputs {
-    pub fn token_sink(&self, request_id: &str) -> TokenSink {
+    pub(crate) fn token_sink(&self, request_id: &str) -> TokenSink {
         let (tokens, clock) = (self.tokens.clone(), self.clock.clone());
         let id = request_id.to_string();
         Box::new(move |index, text| {
@@ -44,7 +44,7 @@ impl Outputs {
     }
 
     /// Marks the end of a request's token stream.
-    pub fn finish_tokens(&self, reply: &Reply) {
+    pub(crate) fn finish_tokens(&self, reply: &Reply) {
         let msg = si::Token {
             request_id: reply.request_id.clone(),
             index: reply.generated_tokens as u32,

@@ -59,13 +59,13 @@ pub use param_specs::PARAMETERS;
 const SHUTDOWN_DRAIN: Duration = Duration::from_millis(300);
 
 /// Name the node runs under (the parameters file may key on it or `/**`).
-pub const NODE_NAME: &str = "selectinfer_node";
+pub(crate) const NODE_NAME: &str = "selectinfer_node";
 
 /// Exit code of a node that cannot start with its configuration (an unknown
 /// or invalid parameter, a model or ranking that is not there, a model that
 /// does not load): sysexits' EX_CONFIG. `launch/node.launch.py` does not
 /// restart it, as restarting cannot help.
-pub const EXIT_CONFIG: u8 = 78;
+pub(crate) const EXIT_CONFIG: u8 = 78;
 
 /// Marks an error as the configuration's (exit code [`EXIT_CONFIG`]).
 #[derive(Debug)]

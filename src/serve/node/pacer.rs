@@ -26,7 +26,7 @@ pub(super) struct Pacer {
 }
 
 impl Pacer {
-    pub fn new(pace: Duration) -> std::io::Result<Self> {
+    pub(crate) fn new(pace: Duration) -> std::io::Result<Self> {
         let (tx, rx) = channel::<Outgoing>();
         let thread = std::thread::Builder::new()
             .name("reply-pacer".into())
@@ -53,7 +53,7 @@ impl Pacer {
     /// Queues `send` behind the replies already waiting. After
     /// [`Pacer::finish`] it runs at once, on the caller's thread: a reply
     /// is never dropped.
-    pub fn send(&self, send: impl FnOnce() + Send + 'static) {
+    pub(crate) fn send(&self, send: impl FnOnce() + Send + 'static) {
         let send: Outgoing = Box::new(send);
         let left = match self.tx.lock().unwrap().as_ref() {
             Some(tx) => tx.send(send).err().map(|e| e.0),
@@ -65,7 +65,7 @@ impl Pacer {
     }
 
     /// Sends everything queued (still paced) and stops the thread.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         drop(self.tx.lock().unwrap().take());
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();

@@ -22,7 +22,7 @@ fn param(name: &str, v: &ParameterValue) -> Parameter {
 }
 
 impl ParameterEvents {
-    pub fn new(node: &mut r2r::Node, clock: NodeClock) -> anyhow::Result<Self> {
+    pub(crate) fn new(node: &mut r2r::Node, clock: NodeClock) -> anyhow::Result<Self> {
         Ok(Self {
             publisher: node
                 .create_publisher("/parameter_events", QosProfile::parameter_events())?,
@@ -45,7 +45,10 @@ impl ParameterEvents {
     }
 
     /// Every parameter the node has, as new.
-    pub fn announce<'a>(&self, params: impl IntoIterator<Item = (&'a String, &'a ParameterValue)>) {
+    pub(crate) fn announce<'a>(
+        &self,
+        params: impl IntoIterator<Item = (&'a String, &'a ParameterValue)>,
+    ) {
         self.publish(
             params.into_iter().map(|(n, v)| param(n, v)).collect(),
             Vec::new(),
@@ -53,7 +56,7 @@ impl ParameterEvents {
     }
 
     /// One accepted change.
-    pub fn changed(&self, name: &str, value: &ParameterValue) {
+    pub(crate) fn changed(&self, name: &str, value: &ParameterValue) {
         self.publish(Vec::new(), vec![param(name, value)]);
     }
 }

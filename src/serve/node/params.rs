@@ -150,7 +150,7 @@ impl NodeParams {
     /// win over the preset, the preset over the defaults. Then resolves the
     /// model (a catalog model missing from the models home is prepared)
     /// and its ranking. Unknown names are errors.
-    pub fn from_overrides<'a>(
+    pub(crate) fn from_overrides<'a>(
         overrides: impl IntoIterator<Item = (&'a String, &'a Parameter)>,
     ) -> Result<Self> {
         let overrides: Vec<_> = overrides
@@ -407,7 +407,7 @@ impl NodeParams {
         })
     }
 
-    pub fn server_config(&self) -> ServerConfig {
+    pub(crate) fn server_config(&self) -> ServerConfig {
         ServerConfig {
             engine: self.engine.clone(),
             queue_depth: self.queue_depth,
@@ -416,7 +416,7 @@ impl NodeParams {
     }
 
     /// One line describing what the node serves.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let e = &self.engine;
         let p: &SelectionParams = &e.params;
         let layer_drop = if p.layer_drop.is_empty() {
