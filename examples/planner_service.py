@@ -35,6 +35,16 @@ SKILLS = [
 ]
 
 
+def ask(node, client, req, what):
+    """The service's reply to `req`; exits naming `what` when it fails."""
+    future = client.call_async(req)
+    rclpy.spin_until_future_complete(node, future, timeout_sec=120)
+    r = future.result()
+    if r is None or not r.success:
+        sys.exit(f"no {what}: {r.error if r else 'no reply within 120 s'}")
+    return r
+
+
 def plan(node, args):
     service = f"{args.node}/generate"
     client = node.create_client(Generate, service)
@@ -47,11 +57,7 @@ def plan(node, args):
     ]
     req = Generate.Request(request_id="plan-1", messages=history, prompt=args.prompt,
                            json_schema=json.dumps(PLAN_SCHEMA), max_new_tokens=64)
-    future = client.call_async(req)
-    rclpy.spin_until_future_complete(node, future, timeout_sec=120)
-    r = future.result()
-    if r is None or not r.success:
-        sys.exit(f"no plan: {r.error if r else 'no reply within 120 s'}")
+    r = ask(node, client, req, "plan")
     step = json.loads(r.text)  # always parses: the schema constrained decoding
     print(f"plan: {step}  ({r.generated_tokens} tokens, TTFT {r.ttft_s:.2f} s)")
 
@@ -59,11 +65,7 @@ def plan(node, args):
     # a call always names one of them, with arguments valid under its schema.
     req = Generate.Request(request_id="plan-2", prompt=args.prompt, tool_choice="required",
                            tools=json.dumps(SKILLS), max_new_tokens=64)
-    future = client.call_async(req)
-    rclpy.spin_until_future_complete(node, future, timeout_sec=120)
-    r = future.result()
-    if r is None or not r.success:
-        sys.exit(f"no call: {r.error if r else 'no reply within 120 s'}")
+    r = ask(node, client, req, "call")
     for call in r.tool_calls:
         print(f"call: {call.name}({json.loads(call.arguments)})")
 
