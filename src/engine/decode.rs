@@ -148,7 +148,7 @@ pub struct CallGate {
 impl CallGate {
     /// The gate of a request offering `offer`, with thresholds `t`: none
     /// when no call is wanted.
-    pub fn for_offer(codec: &TextCodec, offer: &Offer, t: CallThresholds) -> Option<Self> {
+    pub(crate) fn for_offer(codec: &TextCodec, offer: &Offer, t: CallThresholds) -> Option<Self> {
         let several = |p: f32| if offer.parallel { p } else { 2.0 };
         let auto = |p: f32| {
             if offer.choice == ToolChoice::Auto {

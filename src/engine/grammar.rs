@@ -61,7 +61,7 @@ impl TokenizerEnv for Vocab {
 }
 
 /// Compiles requests' grammars for one model.
-pub struct Grammars {
+pub(crate) struct Grammars {
     factory: ParserFactory,
     /// Each token's first byte (0 for special and empty tokens).
     first_bytes: Vec<u8>,
@@ -136,7 +136,7 @@ impl Grammars {
 
     /// The constraint of `grammar`, or why it cannot be one (an invalid
     /// schema is refused here, before any token is generated).
-    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+    pub(crate) fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
         let top = match grammar {
             Grammar::JsonSchema(s) => {
                 let mut schema: serde_json::Value =

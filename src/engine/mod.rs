@@ -16,8 +16,11 @@ pub mod spec;
 pub(crate) mod stops;
 pub mod text;
 pub(crate) mod tool_calls;
-pub mod tool_offer;
+pub(crate) mod tool_offer;
 pub(crate) mod vocab;
+
+#[cfg(test)]
+mod tests;
 
 pub use decode::{CallGate, CallThresholds, GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;

@@ -102,7 +102,7 @@ impl EngineSpec {
     }
 
     /// The selective method (plan read from the ranking), `None` for dense.
-    pub fn method(&self) -> Result<Option<Method>> {
+    pub(crate) fn method(&self) -> Result<Option<Method>> {
         if self.mode == Mode::Dense {
             return Ok(None);
         }
@@ -120,7 +120,7 @@ impl EngineSpec {
     /// engine's own parameters (γ as loaded, a memory plan's included) and
     /// only the neurons it adds are read ([`Engine::swap_method`]). Modes
     /// whose plan does not depend on the task only change their task.
-    pub fn swap_task(&self, engine: &mut Engine, task: &str) -> Result<SwapReport> {
+    pub(crate) fn swap_task(&self, engine: &mut Engine, task: &str) -> Result<SwapReport> {
         let started = std::time::Instant::now();
         let params = SelectionParams {
             task: task.to_string(),
@@ -232,7 +232,7 @@ impl EngineSpec {
     }
 
     /// The load options these settings give (dtype, device, prefill chunk).
-    pub fn load_options(&self) -> Result<LoadOptions> {
+    pub(crate) fn load_options(&self) -> Result<LoadOptions> {
         Ok(LoadOptions {
             dtype: self.dtype.dtype(),
             quant: self.dtype.quant(),

@@ -145,7 +145,7 @@ impl TextCodec {
 
     /// Loads `tokenizer.json` and (optionally) `tokenizer_config.json` from `dir`.
     /// `eos_ids` are the model config's end-of-sequence ids.
-    pub fn from_dir(dir: &Path, eos_ids: &[u32]) -> Result<Self> {
+    pub(crate) fn from_dir(dir: &Path, eos_ids: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let tokenizer = Tokenizer::from_file(&path)
             .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()))?;
@@ -281,7 +281,7 @@ impl TextCodec {
 
     /// Renders a conversation with the model's chat template (falling back to
     /// plain ChatML), ending with the assistant's turn opened.
-    pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
+    pub(crate) fn render_chat(&self, messages: &[Message]) -> Result<String> {
         self.render(messages, &[], true)
     }
 
@@ -466,7 +466,7 @@ impl TextCodec {
     /// The grammar compiler of this model (built on first use, shared by
     /// clones): the tokenizer's trie, padded to the model's `vocab_size`
     /// logits.
-    pub fn grammars(&self) -> Result<Arc<Grammars>> {
+    pub(crate) fn grammars(&self) -> Result<Arc<Grammars>> {
         let built = self.grammars.get_or_init(|| {
             let t = std::time::Instant::now();
             let vocab = crate::model::Config::from_file(&self.dir.join("config.json"))
@@ -495,7 +495,7 @@ impl TextCodec {
 /// Each push decodes only the tokens since the piece before last (the last
 /// piece's tokens give the decoder its context, e.g. for a leading space),
 /// so a token costs the same at the end of a long answer as at its start.
-pub struct TextStream<'a> {
+pub(crate) struct TextStream<'a> {
     codec: &'a TextCodec,
     ids: Vec<u32>,
     /// Where the tokens of the last emitted piece start.
@@ -505,7 +505,7 @@ pub struct TextStream<'a> {
 }
 
 impl<'a> TextStream<'a> {
-    pub fn new(codec: &'a TextCodec) -> Self {
+    pub(crate) fn new(codec: &'a TextCodec) -> Self {
         Self {
             codec,
             ids: Vec::new(),
@@ -515,7 +515,7 @@ impl<'a> TextStream<'a> {
     }
 
     /// Adds a token; returns the newly completed text, if any.
-    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+    pub(crate) fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
         let context = self
             .codec
@@ -534,7 +534,7 @@ impl<'a> TextStream<'a> {
     }
 
     /// The whole text so far.
-    pub fn text(&self) -> Result<String> {
+    pub(crate) fn text(&self) -> Result<String> {
         self.codec.decode(&self.ids)
     }
 }

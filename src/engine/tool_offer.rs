@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 /// What a request offers: its functions, whether and which it must call,
 /// and whether it may make several calls in one turn.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Offer {
+pub(crate) struct Offer {
     pub tools: Vec<Tool>,
     pub choice: ToolChoice,
     pub parallel: bool,
@@ -22,7 +22,7 @@ impl Offer {
     /// empty = none) and `tool_choice` (`""`/`auto`, `none`, `required` or
     /// a function's name). Refuses a choice other than `auto` with no
     /// tools, and a function name not offered.
-    pub fn from_fields(tools: &str, tool_choice: &str, parallel: bool) -> Result<Self> {
+    pub(crate) fn from_fields(tools: &str, tool_choice: &str, parallel: bool) -> Result<Self> {
         let tools = match tools.trim() {
             "" => Vec::new(),
             text => parse_tools(text)?,
@@ -58,7 +58,7 @@ impl Offer {
 
 /// A generation's answer to an offer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The text outside the calls (the raw text when a call was cut).
     pub text: String,
     pub calls: Vec<ToolCall>,
@@ -72,7 +72,11 @@ impl Offer {
     /// The grammar the answer is held to: the request's own (`own`: its
     /// JSON schema or Lark grammar) without tools, the calls' grammar
     /// ([`tool_calls::grammar`]) with them; both together are refused.
-    pub fn grammar_with(&self, own: Option<Grammar>, codec: &TextCodec) -> Result<Option<Grammar>> {
+    pub(crate) fn grammar_with(
+        &self,
+        own: Option<Grammar>,
+        codec: &TextCodec,
+    ) -> Result<Option<Grammar>> {
         if self.tools.is_empty() {
             return Ok(own);
         }
@@ -86,7 +90,7 @@ impl Offer {
     /// The reply to generated `text` that stopped for `stop_reason`: its
     /// calls read back ([`tool_calls::read_calls`]) and the text outside
     /// them. A call cut short leaves the raw text in place (nothing lost).
-    pub fn answer(&self, text: String, stop_reason: &str) -> Answer {
+    pub(crate) fn answer(&self, text: String, stop_reason: &str) -> Answer {
         let mut answer = Answer {
             text,
             calls: Vec::new(),

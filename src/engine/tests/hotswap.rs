@@ -4,13 +4,13 @@
 //! with that task does (greedy, same prompts); bad swaps are refused and
 //! leave the engine serving its old plan.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::spec::EngineSpec;
-use selectinfer::engine::{Engine, GenerateOptions};
-use selectinfer::method::Mode;
-use selectinfer::model::footprint::Footprint;
-use selectinfer::sys::device::WeightDtype;
+use crate::engine::spec::EngineSpec;
+use crate::engine::{Engine, GenerateOptions};
+use crate::method::Mode;
+use crate::model::footprint::Footprint;
+use crate::sys::device::WeightDtype;
 
 const PROMPTS: [&str; 2] = [
     "Translate into English: Der Roboter fährt in die Küche.",

@@ -2,9 +2,9 @@
 //! the same token ids as llama.cpp on the same GGUF, for both models. The
 //! reference ids come from `scripts/reference/make_llamacpp_fixtures.py`.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::text::TextCodec;
+use crate::engine::text::TextCodec;
 
 fn check(model: &str) {
     let codec = TextCodec::from_dir(&common::model_dir(model), &[]).unwrap();
@@ -52,7 +52,7 @@ fn check_stream(model: &str) {
     let mut split_chars = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let ids = common::ids(&case["ids"]);
-        let mut stream = selectinfer::engine::text::TextStream::new(&codec);
+        let mut stream = crate::engine::text::TextStream::new(&codec);
         let mut streamed = String::new();
         for &id in &ids {
             match stream.push(id).unwrap() {

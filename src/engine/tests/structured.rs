@@ -4,15 +4,15 @@
 //! back. The small model's answers are often wrong; what is checked is
 //! that they always parse and validate.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::grammar::Grammar;
-use selectinfer::engine::text::{conversation, Message};
-use selectinfer::engine::tool_offer::Offer;
-use selectinfer::engine::{CallGate, CallThresholds, EngineSpec, GenerateOptions, StopReason};
-use selectinfer::sys::device::WeightDtype;
+use crate::engine::grammar::Grammar;
+use crate::engine::text::{conversation, Message};
+use crate::engine::tool_offer::Offer;
+use crate::engine::{CallGate, CallThresholds, EngineSpec, GenerateOptions, StopReason};
+use crate::sys::device::WeightDtype;
 
-fn engine() -> selectinfer::engine::Engine {
+fn engine() -> crate::engine::Engine {
     EngineSpec {
         model: common::model_dir("smollm2-135m-instruct"),
         dtype: WeightDtype::Q4,

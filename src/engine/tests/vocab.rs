@@ -1,18 +1,18 @@
-//! The output vocabulary (`--vocab`, `selectinfer::method::vocab`) on the
+//! The output vocabulary (`--vocab`, `crate::method::vocab`) on the
 //! real SmolLM2: decode computes only the kept lm_head rows, and their
 //! logits are exactly the dense ones; a prompt with a token outside, or a
 //! grammar, decodes over every token. SmolLM2's vocabulary is 98.6 %
 //! Latin-script, so `latin` keeps every row there; these tests restrict it
 //! to the first 40,000 tokens and a few more instead.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::grammar::Grammar;
-use selectinfer::engine::{EngineSpec, GenerateOptions};
-use selectinfer::method::vocab::VocabRule;
-use selectinfer::method::Mode;
-use selectinfer::model::vocab::OutputVocab;
-use selectinfer::sys::device::WeightDtype;
+use crate::engine::grammar::Grammar;
+use crate::engine::{EngineSpec, GenerateOptions};
+use crate::method::vocab::VocabRule;
+use crate::method::Mode;
+use crate::model::vocab::OutputVocab;
+use crate::sys::device::WeightDtype;
 
 fn spec(dtype: WeightDtype, vocab: VocabRule) -> EngineSpec {
     EngineSpec {
@@ -35,7 +35,7 @@ fn restriction(vocab_size: usize) -> OutputVocab {
 }
 
 /// A dense engine restricted to [`restriction`].
-fn restricted(dtype: WeightDtype) -> selectinfer::engine::Engine {
+fn restricted(dtype: WeightDtype) -> crate::engine::Engine {
     let mut e = spec(dtype, VocabRule::All).load().unwrap();
     let v = restriction(e.model.config().vocab_size);
     e.set_output_vocab(Some(v)).unwrap();

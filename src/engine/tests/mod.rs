@@ -1,0 +1,13 @@
+//! The engine's tests on the real weights (SmolLM2, Qwen2.5-Coder-0.5B,
+//! prepared by the test command): tool-call gating and grammars
+//! ([`structured`]), token ids against llama.cpp's ([`tokenizer`]), a task
+//! hot-swap against a fresh load ([`hotswap`]), the output vocabulary
+//! ([`vocab`]). They live in the crate, not
+//! in tests/, so that the engine's internals they read need not be public.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod hotswap;
+mod structured;
+mod tokenizer;
+mod vocab;
