@@ -41,7 +41,7 @@ mod regressions;
 #[path = "fuzz/requests.rs"]
 mod requests;
 
-pub use harness::{cases, clear, fuzz, inputs, Input};
+pub use harness::{cases, clear, file_bytes, fuzz, inputs, Input};
 use mutate::{apply, apply_json, Noise};
 use proptest::prelude::*;
 
@@ -90,15 +90,6 @@ fn ranking_reader() {
         }
         Ok(false)
     });
-}
-
-/// The bytes of a binary file reader's `input`.
-fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
-    match input {
-        Input::Noise(n) => n.bytes(magic),
-        Input::Bytes(i, e) => apply(&valid[*i], e),
-        Input::Json(..) => unreachable!("no JSON in this format"),
-    }
 }
 
 /// A quantized checkpoint's bytes for `input`.

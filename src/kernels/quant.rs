@@ -132,11 +132,6 @@ pub(crate) fn dequantize_row(format: QFormat, row: &[u8], out: &mut [f32]) {
 /// half, the MLP's left it as it was), prefill dequantizes rows and uses
 /// candle's matmul.
 pub(crate) fn int8_prefill() -> bool {
-    vnni()
-}
-
-/// True when the AVX-512 VNNI back end runs the quantized rows.
-fn vnni() -> bool {
     super::cpu_features::avx512_vnni()
 }
 

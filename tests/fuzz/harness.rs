@@ -13,7 +13,7 @@ macro_rules! check {
     };
 }
 
-use crate::mutate::{edits, json_edits, noise, Edit, JsonEdit, Noise};
+use crate::mutate::{apply, edits, json_edits, noise, Edit, JsonEdit, Noise};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use std::fmt::Debug;
@@ -176,4 +176,13 @@ pub fn refused<T>(r: anyhow::Result<T>, file: &Path, what: &str) {
     let msg = format!("{e:#}");
     let name = file.file_name().unwrap().to_string_lossy();
     assert!(msg.contains(name.as_ref()) && msg.contains(what), "{msg}");
+}
+
+/// The bytes of a binary file reader's `input`.
+pub fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
+    match input {
+        Input::Noise(n) => n.bytes(magic),
+        Input::Bytes(i, e) => apply(&valid[*i], e),
+        Input::Json(..) => unreachable!("no JSON in this format"),
+    }
 }

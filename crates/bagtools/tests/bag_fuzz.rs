@@ -16,19 +16,9 @@ mod bags;
 #[path = "../../../tests/fuzz/mutate.rs"]
 mod mutate;
 
-use harness::{clear, fuzz, inputs, refused, Input};
-use mutate::apply;
+use harness::{clear, file_bytes, fuzz, inputs, refused};
 use selectinfer_bagtools::bag::read_bag;
 use std::path::Path;
-
-/// The bytes of a binary file reader's `input`.
-fn file_bytes(valid: &[Vec<u8>], magic: &[u8], input: &Input) -> Vec<u8> {
-    match input {
-        Input::Noise(n) => n.bytes(magic),
-        Input::Bytes(i, e) => apply(&valid[*i], e),
-        Input::Json(..) => unreachable!("no JSON in this format"),
-    }
-}
 
 /// Reads bag `path` (a file or a folder): Ok with messages in time order,
 /// or an error naming `file`.

@@ -4,6 +4,9 @@
 //! the real SmolLM2 weights; a bag without the topic, a message of another
 //! type and a truncated message are refused naming what is wrong.
 
+#[allow(dead_code)]
+#[path = "fixtures/bags.rs"]
+mod bags;
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
@@ -144,16 +147,7 @@ fn mcap_bag(dir: &Path, messages: &[Msg]) -> PathBuf {
 fn db3_bag(dir: &Path, messages: &[Msg]) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let conn = rusqlite::Connection::open(dir.join("bag_0.db3")).unwrap();
-    conn.execute_batch(
-        "CREATE TABLE schema(schema_version INTEGER PRIMARY KEY, ros_distro TEXT NOT NULL);
-         CREATE TABLE topics(id INTEGER PRIMARY KEY, name TEXT NOT NULL, type TEXT NOT NULL,
-             serialization_format TEXT NOT NULL, offered_qos_profiles TEXT NOT NULL,
-             type_description_hash TEXT NOT NULL);
-         CREATE TABLE messages(id INTEGER PRIMARY KEY, topic_id INTEGER NOT NULL,
-             timestamp INTEGER NOT NULL, data BLOB NOT NULL);
-         INSERT INTO schema VALUES (4, 'jazzy');",
-    )
-    .unwrap();
+    conn.execute_batch(bags::DB3_SCHEMA).unwrap();
     let mut topics: Vec<(&str, &str)> = Vec::new();
     for (i, (topic, ty, data)) in messages.iter().enumerate() {
         let id = match topics.iter().position(|t| *t == (*topic, *ty)) {
