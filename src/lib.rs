@@ -24,6 +24,11 @@
 //! `lab/`; both use this crate's public API, and this crate depends on
 //! neither (nor on their mcap, rusqlite or plotters).
 
+// The fuzz harness and fixtures of tests/fuzz/, shared by the integration
+// tests and the crate's own tests, name the crate `selectinfer`.
+#[cfg(test)]
+extern crate self as selectinfer;
+
 pub mod engine;
 pub mod kernels;
 pub mod method;

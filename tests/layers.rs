@@ -44,8 +44,9 @@ fn layer_of(file: &Path) -> Option<String> {
     }
 }
 
-/// Top-level modules named by `crate::x` / `$crate::x` in the code (not
-/// in comments) of `text`.
+/// Top-level modules named by `crate::x` / `$crate::x` / `selectinfer::x`
+/// (the crate's name for itself in its tests, `extern crate self`) in the
+/// code (not in comments) of `text`.
 fn imports(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for line in text.lines() {
@@ -53,18 +54,21 @@ fn imports(text: &str) -> BTreeSet<String> {
         if code.starts_with("//") {
             continue;
         }
-        let mut rest = code;
-        while let Some(i) = rest.find("crate::") {
-            let before = rest[..i].chars().last();
-            let tail = &rest[i + "crate::".len()..];
-            let name: String = tail
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && !name.is_empty() {
-                found.insert(name);
+        for prefix in ["crate::", "selectinfer::"] {
+            let mut rest = code;
+            while let Some(i) = rest.find(prefix) {
+                let before = rest[..i].chars().last();
+                let tail = &rest[i + prefix.len()..];
+                let name: String = tail
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let joined = before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !joined && !name.is_empty() {
+                    found.insert(name);
+                }
+                rest = tail;
             }
-            rest = tail;
         }
     }
     found
@@ -164,9 +168,9 @@ fn imports_name_their_module_on_the_line() {
 #[test]
 fn the_checks_see_imports() {
     // The scanner finds what the layer tests rely on, and skips comments.
-    let text = "use crate::model::Mlp;\n// crate::serve in a comment\nlet x = $crate::sys::named::parse(s);\nmycrate::tools::x();";
+    let text = "use crate::model::Mlp;\n// crate::serve in a comment\nlet x = $crate::sys::named::parse(s);\nmycrate::tools::x();\nselectinfer::store::y();\nnotselectinfer::serve::z();";
     let found: Vec<String> = imports(text).into_iter().collect();
-    assert_eq!(found, ["model", "sys"]);
+    assert_eq!(found, ["model", "store", "sys"]);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 #[derive(Debug, Clone)]
-pub struct Block {
+pub(crate) struct Block {
     input_norm: RmsNorm,
     pub(crate) attn: Attention,
     post_attention_norm: RmsNorm,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 /// A layer's bundles (or a view of the first bundles of one; clones and
 /// views share the buffer).
 #[derive(Debug, Clone)]
-pub struct Bundles {
+pub(crate) struct Bundles {
     layout: BundleLayout,
     data: Arc<Vec<u8>>,
     count: usize,
@@ -36,7 +36,8 @@ impl Bundles {
     /// whole blocks are made planar in place where the kernels for them
     /// run ([`planar::preferred`]), and bundles with `Q8_0` down rows are
     /// stored in quads where theirs run ([`quads::preferred`]).
-    pub fn new(layout: BundleLayout, data: Vec<u8>) -> Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn new(layout: BundleLayout, data: Vec<u8>) -> Result<Self> {
         Self::new_in(layout, data, true)
     }
 
@@ -82,21 +83,23 @@ impl Bundles {
         })
     }
 
-    pub fn layout(&self) -> &BundleLayout {
+    #[cfg(test)]
+    pub(crate) fn layout(&self) -> &BundleLayout {
         &self.layout
     }
 
     /// Neurons held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
     /// Bytes read per token.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.count * self.layout.bundle_bytes()
     }
 
@@ -121,7 +124,7 @@ impl Bundles {
     /// pages; one bundle of scratch, each cycle of the permutation followed
     /// once), else into a new buffer. Bundles in quads are made whole for
     /// the move and put in quads again after it.
-    pub fn permute(&mut self, src: &[usize]) -> Result<()> {
+    pub(crate) fn permute(&mut self, src: &[usize]) -> Result<()> {
         let bb = self.layout.bundle_bytes();
         let n = self.count;
         check_permutation(src, n)?;
@@ -149,7 +152,8 @@ impl Bundles {
     /// Writes bundle `j` of `from` over bundle `slots[j]` (a swap's added
     /// neurons into the slots of the dropped ones): in place when no view
     /// shares the buffer, else on a copy of it.
-    pub fn overwrite(&mut self, slots: &[usize], from: &Self) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn overwrite(&mut self, slots: &[usize], from: &Self) -> Result<()> {
         self.replace(slots, from, None)
     }
 
@@ -157,7 +161,7 @@ impl Bundles {
     /// added neurons into the dropped ones' slots, then the new order), in
     /// one go: bundles in quads are made whole once for both, not twice.
     /// Both are checked before anything is written.
-    pub fn overwrite_and_permute(
+    pub(crate) fn overwrite_and_permute(
         &mut self,
         slots: &[usize],
         from: &Self,
@@ -206,7 +210,7 @@ impl Bundles {
     }
 
     /// One row `x [H]` → `[H]` over every bundle held.
-    pub fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
+    pub(crate) fn forward_row(&self, x: &[f32]) -> Result<Vec<f32>> {
         if x.len() != self.layout.hidden {
             bail!(
                 "neuron bundles of hidden size {} given a row of {}",
@@ -270,7 +274,7 @@ impl Bundles {
     }
 
     /// `‖down_j‖₂` of every bundle, in storage order.
-    pub fn down_norms(&self) -> Vec<f32> {
+    pub(crate) fn down_norms(&self) -> Vec<f32> {
         let h = self.layout.hidden;
         let mut out = Vec::with_capacity(self.count);
         let step = self.chunk();
@@ -289,7 +293,7 @@ impl Bundles {
     }
 
     /// `silu(gate·x) * (up·x)` of every bundle, `x [.., H]` → `[.., N]` f32, in storage order.
-    pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn activations(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.layout.hidden;
         let lead = x.dims()[..x.rank() - 1].to_vec();
         let mut dims = lead.clone();

@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Llama 3.x RoPE frequency scaling (`rope_scaling` with `rope_type: llama3`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RopeScaling {
+pub(crate) struct RopeScaling {
     #[serde(alias = "type")]
     pub rope_type: String,
     #[serde(default = "one")]
@@ -33,7 +33,7 @@ fn four() -> f64 {
 /// `eos_token_id` may be one id or a list.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
-pub enum TokenIds {
+pub(crate) enum TokenIds {
     One(u32),
     Many(Vec<u32>),
 }
@@ -74,7 +74,7 @@ pub struct Config {
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
     #[serde(default)]
-    pub rope_scaling: Option<RopeScaling>,
+    pub(crate) rope_scaling: Option<RopeScaling>,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
     #[serde(default)]
@@ -86,7 +86,7 @@ pub struct Config {
     #[serde(default)]
     pub bos_token_id: Option<u32>,
     #[serde(default)]
-    pub eos_token_id: Option<TokenIds>,
+    pub(crate) eos_token_id: Option<TokenIds>,
 }
 
 fn default_rope_theta() -> f64 {
@@ -120,7 +120,7 @@ impl Config {
         }
     }
 
-    pub fn num_kv_heads(&self) -> usize {
+    pub(crate) fn num_kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
@@ -130,7 +130,7 @@ impl Config {
     }
 
     /// Whether q/k/v projections carry biases (Qwen2 does, Llama normally not).
-    pub fn qkv_bias(&self) -> bool {
+    pub(crate) fn qkv_bias(&self) -> bool {
         self.attention_bias
             .unwrap_or(matches!(self.family(), Ok(Family::Qwen2)))
     }

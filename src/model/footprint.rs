@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Bytes a model needs in memory, by part.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Footprint {
+pub(crate) struct Footprint {
     /// Embeddings, attention, norms, biases, lm_head: held whole in every mode.
     pub other_weights: u64,
     /// Per layer: one FFN neuron's gate row, up row and down column.
@@ -30,7 +30,7 @@ pub struct Footprint {
 impl Footprint {
     /// The footprint of the model in `dir` loaded with `opts` (dtype, max
     /// context and prefill chunk; the FFN selection is what a plan decides).
-    pub fn of(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+    pub(crate) fn of(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = Config::from_file(&dir.join("config.json"))?;
         let width = cfg.intermediate_size;
         let (other_weights, neuron_bytes) = match opts.quant {
@@ -82,10 +82,6 @@ impl Footprint {
                 .sum::<u64>()
     }
 
-    /// Weight bytes of every neuron of every layer.
-    pub fn dense_weights(&self) -> u64 {
-        self.weights(&vec![self.width; self.neuron_bytes.len()])
-    }
 }
 
 /// Keys and values (f32) of every layer at `context` positions, in the

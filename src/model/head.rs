@@ -10,7 +10,7 @@ impl Model {
     /// Restricts the logits to the tokens of `vocab` (the others are −∞):
     /// decode computes only its lm_head rows; other passes compute all and
     /// mask, which gives the same logits. `None` computes every row.
-    pub fn set_output_vocab(
+    pub(crate) fn set_output_vocab(
         &mut self,
         vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
     ) -> Result<()> {
@@ -63,7 +63,8 @@ impl Model {
     }
 
     /// The output vocabulary in force, if any.
-    pub fn output_vocab(&self) -> Option<&vocab::OutputVocab> {
+    #[cfg(test)]
+    pub(crate) fn output_vocab(&self) -> Option<&vocab::OutputVocab> {
         self.vocab.as_deref()
     }
 

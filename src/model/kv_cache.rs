@@ -27,12 +27,8 @@ impl KvCache {
     }
 
     /// Number of positions already cached.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.layers.first().map_or(0, |c| c.len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Positions the buffers have room for (the first layer's keys).
@@ -99,7 +95,7 @@ impl KvCache {
 /// One layer's keys and values, `[1, kv_heads, capacity, head_dim]` each;
 /// positions `..len` are filled.
 #[derive(Debug, Clone, Default)]
-pub struct LayerCache {
+pub(crate) struct LayerCache {
     k: Option<Tensor>,
     v: Option<Tensor>,
     len: usize,

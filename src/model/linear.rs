@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// each part in one block format (Qwen's fused q/k/v may mix `q5_0` and
 /// `q8_0`), in one buffer. Clones share the buffer.
 #[derive(Debug, Clone)]
-pub struct QMatrix {
+pub(crate) struct QMatrix {
     cols: usize,
     /// `(format, rows)` of each part, in row order.
     parts: Vec<(QFormat, usize)>,
@@ -74,7 +74,7 @@ impl QMatrix {
         })
     }
 
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.parts.iter().map(|p| p.1).sum()
     }
 
@@ -82,7 +82,7 @@ impl QMatrix {
         self.cols
     }
 
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.data.len()
     }
 
@@ -131,7 +131,7 @@ impl QMatrix {
     }
 
     /// Rows `rows` dequantized, row-major, into `out`.
-    pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    pub(crate) fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         use rayon::prelude::*;
         let k = self.cols;
         let mut jobs: Vec<(QFormat, &[u8], &mut [f32])> = Vec::new();

@@ -10,30 +10,34 @@
 
 mod attention;
 mod block;
-pub mod bundles;
-pub mod checkpoint;
-pub mod config;
-pub mod footprint;
+pub(crate) mod bundles;
+pub(crate) mod checkpoint;
+pub(crate) mod config;
+pub(crate) mod footprint;
 mod head;
-pub mod head_screen;
+pub(crate) mod head_screen;
 pub(crate) mod kv_cache;
-pub mod linear;
-pub mod mlp;
+pub(crate) mod linear;
+pub(crate) mod mlp;
 mod norm;
-pub mod qfile;
+pub(crate) mod qfile;
 mod rope;
-pub mod rowread;
-pub mod vocab;
+pub(crate) mod rowread;
+pub(crate) mod vocab;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use block::Block;
 use checkpoint::safetensors_files;
-pub use checkpoint::weights_sha256;
+pub use checkpoint::{sha256_file, weights_sha256};
 pub use config::Config;
 pub(crate) use config::Family;
-pub(crate) use kv_cache::KvCache;
-pub(crate) use linear::Linear;
-pub use mlp::Mlp;
+pub use head_screen::{HeadScreen, ScreenBits};
+pub use kv_cache::KvCache;
+pub use linear::Linear;
+pub(crate) use mlp::Mlp;
 pub(crate) use norm::RmsNorm;
+pub use vocab::OutputVocab;
 use rope::Rope;
 
 use anyhow::{bail, Context, Result};
@@ -42,9 +46,9 @@ use candle_nn::VarBuilder;
 use std::path::Path;
 
 /// Sees one block's MLP activations `silu(gate)·up` (a profiler's or a selector's hook).
-pub type MlpObserver<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
+pub(crate) type MlpObserver<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
 /// Sees every block's MLP activations, with the layer index.
-pub type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+pub(crate) type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
 /// A [`LayerObserver`] reborrowed for one prefill chunk.
 type ChunkObserver<'r, 'o> = &'r mut (dyn FnMut(usize, &Tensor) -> Result<()> + 'o);
 
@@ -99,7 +103,7 @@ pub struct Model {
     /// The embedding table as a layer (tensor or quantized rows; a tied
     /// lm_head shares it).
     embed_tokens: Linear,
-    pub blocks: Vec<Block>,
+    pub(crate) blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
@@ -162,7 +166,7 @@ impl Model {
 
     /// Loads from `vb`; MLPs are read from `rows` (with `pread`, only the
     /// neurons `opts.ffn` holds) when it is given.
-    pub fn load(
+    pub(crate) fn load(
         vb: VarBuilder,
         cfg: &Config,
         opts: &LoadOptions,
@@ -410,11 +414,6 @@ impl Model {
         &self.device
     }
 
-    /// Dtype of the weight tensors (f32 for the quantized dtypes' parts).
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
     /// The weights' dtype by name (`f16`, `q4` …).
     pub(crate) fn weights_name(&self) -> String {
         match self.quant {
@@ -433,7 +432,7 @@ impl Model {
 
     /// Bytes of weights read to decode one token: every block, the final
     /// norm and the lm_head's rows computed (one embedding row is negligible).
-    pub fn decode_weight_bytes(&self) -> usize {
+    pub(crate) fn decode_weight_bytes(&self) -> usize {
         let blocks: usize = self
             .blocks
             .iter()
@@ -456,7 +455,7 @@ impl Model {
     }
 
     /// Whether the FFN weights are streamed from the checkpoint ([`FfnRows::Streamed`]).
-    pub fn ffn_streamed(&self) -> bool {
+    pub(crate) fn ffn_streamed(&self) -> bool {
         self.streamed_from.is_some()
     }
 

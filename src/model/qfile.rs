@@ -27,18 +27,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const MAGIC: &[u8; 8] = b"SIQUANT1";
+pub(crate) const MAGIC: &[u8; 8] = b"SIQUANT1";
 /// Data starts at a multiple of this.
-pub const ALIGN: u64 = 4096;
+pub(crate) const ALIGN: u64 = 4096;
 
 /// The file of a quantized dtype (`q4`, `q8`) in a model folder.
-pub fn file_name(dtype: &str) -> String {
+pub(crate) fn file_name(dtype: &str) -> String {
     format!("model.{dtype}.siq")
 }
 
 /// A tensor: `format` is a block format's name or `f32`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub format: String,
     pub shape: Vec<usize>,
     pub offset: u64,
@@ -47,7 +47,7 @@ pub struct Entry {
 
 /// One layer's neuron bundles.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct FfnEntry {
+pub(crate) struct FfnEntry {
     pub neurons: usize,
     pub hidden: usize,
     pub gate: String,
@@ -58,7 +58,7 @@ pub struct FfnEntry {
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Header {
+pub(crate) struct Header {
     /// `q4` or `q8`.
     pub dtype: String,
     /// [`crate::model::weights_sha256`] of the checkpoint it was made beside.
@@ -70,7 +70,7 @@ pub struct Header {
 }
 
 impl FfnEntry {
-    pub fn layout(&self) -> Result<BundleLayout> {
+    pub(crate) fn layout(&self) -> Result<BundleLayout> {
         let f = |s: &str| s.parse::<QFormat>();
         let l = BundleLayout {
             hidden: self.hidden,
@@ -155,7 +155,7 @@ pub(crate) fn write(
 
 /// An open quantized checkpoint.
 #[derive(Debug)]
-pub struct QFile {
+pub(crate) struct QFile {
     path: PathBuf,
     file: File,
     pub header: Header,
@@ -168,7 +168,7 @@ pub struct QFile {
 
 impl QFile {
     /// Opens `path`, checking that every entry is consistent and inside the file.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| {
             format!(
                 "opening {} (the q8/q4 dtypes need it: run `selectinfer prepare-model` or `selectinfer quantize`)",
@@ -278,12 +278,13 @@ impl QFile {
     }
 
     /// Bytes of weights read so far.
-    pub fn bytes_read(&self) -> u64 {
+    pub(crate) fn bytes_read(&self) -> u64 {
         self.read.load(Ordering::Relaxed)
     }
 
     /// `pread` calls so far.
-    pub fn reads(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
 
@@ -304,7 +305,7 @@ impl QFile {
     }
 
     /// A 1-D f32 tensor (a norm's weight, a bias).
-    pub fn f32(&self, name: &str, len: usize) -> Result<Tensor> {
+    pub(crate) fn f32(&self, name: &str, len: usize) -> Result<Tensor> {
         let e = self.entry(name)?;
         if e.format != "f32" || e.shape != [len] {
             bail!(
@@ -325,7 +326,7 @@ impl QFile {
 
     /// Matrices `names` (each `[rows, cols]`, `cols` shared) as one
     /// quantized matrix, their rows one after another.
-    pub fn matrix(&self, names: &[(&str, usize)], cols: usize) -> Result<QMatrix> {
+    pub(crate) fn matrix(&self, names: &[(&str, usize)], cols: usize) -> Result<QMatrix> {
         let mut parts = Vec::new();
         let mut total = 0;
         for &(name, rows) in names {
@@ -357,7 +358,7 @@ impl QFile {
 
     /// Layer `layer`'s bundles of neurons `ids` (ascending; `None`: all),
     /// each run of consecutive ids read with one `pread`.
-    pub fn bundles(&self, layer: usize, ids: Option<&[u32]>) -> Result<Bundles> {
+    pub(crate) fn bundles(&self, layer: usize, ids: Option<&[u32]>) -> Result<Bundles> {
         let e =
             self.header.ffn.get(layer).with_context(|| {
                 format!("{}: no bundles for layer {layer}", self.path.display())

@@ -14,17 +14,17 @@ use std::path::{Path, PathBuf};
 
 /// Where a tensor lives in the file.
 #[derive(Debug, Clone)]
-pub struct TensorEntry {
+pub(crate) struct TensorEntry {
     pub dtype: DType,
     pub shape: Vec<usize>,
-    /// Absolute byte offsets `[start, end)` in the file.
+    /// Absolute byte offset of the first element in the file (the end
+    /// was checked against the file's size and the shape at open).
     pub start: u64,
-    pub end: u64,
 }
 
 /// An open safetensors file with its tensor index.
 #[derive(Debug)]
-pub struct RowReader {
+pub(crate) struct RowReader {
     path: PathBuf,
     file: File,
     entries: HashMap<String, TensorEntry>,
@@ -42,7 +42,7 @@ fn dtype_of(s: &str) -> Option<DType> {
 }
 
 impl RowReader {
-    pub fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let size = file.metadata()?.len();
         let mut len = [0u8; 8];
@@ -90,7 +90,7 @@ impl RowReader {
             let span = data_start
                 .checked_add(offs[0])
                 .zip(data_start.checked_add(offs[1]));
-            let Some((start, end)) =
+            let Some((start, _end)) =
                 span.filter(|&(s, e)| e <= size && s <= e && Some(e - s) == want)
             else {
                 bail!("{}: tensor {name} has inconsistent offsets", path.display());
@@ -101,7 +101,6 @@ impl RowReader {
                     dtype,
                     shape,
                     start,
-                    end,
                 },
             );
         }
@@ -120,7 +119,7 @@ impl RowReader {
         self.file.read_exact_at(buf, offset)
     }
 
-    pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+    pub(crate) fn entry(&self, name: &str) -> Result<&TensorEntry> {
         self.entries
             .get(name)
             .with_context(|| format!("{}: no tensor {name}", self.path.display()))
@@ -142,7 +141,8 @@ impl RowReader {
     /// Rows `rows` (in that order) of the 2-D tensor `name` → `[rows.len(), cols]`
     /// in `dtype`. Consecutive rows are read with one `pread` (at most
     /// 4 MiB) and converted into the final buffer: no staging copy.
-    pub fn rows(&self, name: &str, rows: &[u32], dtype: DType) -> Result<Tensor> {
+    #[cfg(test)]
+    pub(crate) fn rows(&self, name: &str, rows: &[u32], dtype: DType) -> Result<Tensor> {
         let cols = self.matrix(name)?.2;
         let mut buf = RowBuf::new(dtype).with_context(|| name.to_string())?;
         buf.rows(self, name, rows)?;
@@ -180,7 +180,8 @@ impl RowReader {
     /// Columns `cols` of the 2-D tensor `name`, transposed → `[cols.len(), rows]`
     /// in `dtype`. Reads the matrix one row at a time (a row-sized buffer),
     /// keeping only the selected columns, converted into the final buffer.
-    pub fn columns_t(&self, name: &str, cols: &[u32], dtype: DType) -> Result<Tensor> {
+    #[cfg(test)]
+    pub(crate) fn columns_t(&self, name: &str, cols: &[u32], dtype: DType) -> Result<Tensor> {
         let n_rows = self.matrix(name)?.1;
         let mut buf = RowBuf::new(dtype).with_context(|| name.to_string())?;
         buf.columns_t(self, name, cols)?;
@@ -392,7 +393,7 @@ impl candle_nn::var_builder::SimpleBackend for PreadTensors {
 
 /// The row readers of all safetensors files of a checkpoint.
 #[derive(Debug)]
-pub struct RowSource {
+pub(crate) struct RowSource {
     readers: Vec<RowReader>,
 }
 
@@ -419,7 +420,7 @@ impl RowSource {
     }
 
     /// Bytes of tensor data read from every file so far.
-    pub fn bytes_read(&self) -> u64 {
+    pub(crate) fn bytes_read(&self) -> u64 {
         self.readers
             .iter()
             .map(|r| r.read.load(std::sync::atomic::Ordering::Relaxed))
@@ -434,7 +435,7 @@ impl RowSource {
     }
 
     /// The reader of the file holding `name`.
-    pub fn find(&self, name: &str) -> Result<&RowReader> {
+    pub(crate) fn find(&self, name: &str) -> Result<&RowReader> {
         self.readers
             .iter()
             .find(|r| r.entries.contains_key(name))

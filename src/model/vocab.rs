@@ -19,7 +19,7 @@ pub struct OutputVocab {
 
 impl OutputVocab {
     /// Rows `0..prefix` and `extra` of a vocabulary of `vocab_size`.
-    pub fn new(vocab_size: usize, prefix: usize, mut extra: Vec<u32>) -> Result<Self> {
+    pub(crate) fn new(vocab_size: usize, prefix: usize, mut extra: Vec<u32>) -> Result<Self> {
         if prefix > vocab_size {
             bail!("output vocabulary: prefix {prefix} past the vocabulary of {vocab_size}");
         }
@@ -100,7 +100,7 @@ impl OutputVocab {
         self.prefix + self.extra.len()
     }
 
-    pub fn contains(&self, id: u32) -> bool {
+    pub(crate) fn contains(&self, id: u32) -> bool {
         (id as usize) < self.prefix || self.extra.binary_search(&id).is_ok()
     }
 

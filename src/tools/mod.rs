@@ -19,3 +19,5 @@ pub mod metrics;
 pub mod parity;
 pub mod synth;
 pub mod tune;
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,7 @@ macro_rules! check {
     };
 }
 
-use crate::mutate::{apply, edits, json_edits, noise, Edit, JsonEdit, Noise};
+use super::mutate::{apply, edits, json_edits, noise, Edit, JsonEdit, Noise};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 use std::fmt::Debug;

@@ -279,7 +279,7 @@ fn task_job<'a>(
         None => {
             let examples = data::load_jsonl(&spec.path, None)
                 .with_context(|| format!("loading the '{}' dataset", spec.task))?;
-            let (_, sha) = selectinfer::model::checkpoint::sha256_file(&spec.path)?;
+            let (_, sha) = selectinfer::model::sha256_file(&spec.path)?;
             (Rows::Jsonl(examples), sha)
         }
         Some(topic) => {

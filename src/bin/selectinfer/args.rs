@@ -11,7 +11,7 @@ use selectinfer::engine::EngineSpec;
 use selectinfer::method::params::resolve_layers;
 use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
-use selectinfer::model::head_screen::ScreenBits;
+use selectinfer::model::ScreenBits;
 use selectinfer::model::Config;
 use selectinfer::store::home::{self, Missing};
 use selectinfer::store::installed;

@@ -2,12 +2,16 @@
 //! prepared by the test command): tool-call gating and grammars
 //! ([`structured`]), token ids against llama.cpp's ([`tokenizer`]), a task
 //! hot-swap against a fresh load ([`hotswap`]), the output vocabulary
-//! ([`vocab`]). They live in the crate, not
+//! ([`vocab`]), selective loading and computation against dense
+//! ([`selective_load`]), the per-token selection history ([`history`]).
+//! They live in the crate, not
 //! in tests/, so that the engine's internals they read need not be public.
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+mod history;
 mod hotswap;
+mod selective_load;
 mod structured;
 mod tokenizer;
 mod vocab;

@@ -46,7 +46,7 @@ pub(crate) const QUANTIZED_NOT_GATED: &str =
     "per-token gating (gate_keep < 1) runs on f32/f16 rows; quantized (q8/q4) bundles are not gated";
 
 #[derive(Debug, Clone)]
-pub struct Mlp {
+pub(crate) struct Mlp {
     store: Store,
     width: usize,
     /// Original indices of the neurons held, when this is a subset, in
@@ -66,7 +66,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// Loads the dense MLP (all neurons) of one layer.
-    pub fn load(vb: VarBuilder, hidden: usize, intermediate: usize) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, hidden: usize, intermediate: usize) -> Result<Self> {
         let get = |name: &str, shape: (usize, usize)| {
             vb.get(shape, &format!("{name}.weight"))
                 .with_context(|| format!("loading {}.{name}.weight", vb.prefix()))
@@ -96,7 +96,7 @@ impl Mlp {
 
     /// An MLP over quantized neuron bundles; `neurons`: the original
     /// indices of the bundles (ascending), `None` when they are all of the layer's.
-    pub fn from_bundles(bundles: Bundles, neurons: Option<Vec<u32>>) -> Result<Self> {
+    pub(crate) fn from_bundles(bundles: Bundles, neurons: Option<Vec<u32>>) -> Result<Self> {
         let width = bundles.len();
         if let Some(ids) = &neurons {
             if ids.len() != width || ids.windows(2).any(|w| w[0] >= w[1]) {
@@ -302,19 +302,6 @@ impl Mlp {
         Ok(self)
     }
 
-    /// Weight bytes one decode token reads: every row, or with gating every
-    /// gate row and the kept share of up and down rows.
-    pub fn decode_bytes(&self) -> usize {
-        let all = self.weight_bytes();
-        match self.gate_keep {
-            None => all,
-            Some(k) => {
-                let per_row = all / (3 * self.width.max(1));
-                per_row * (self.width + 2 * crate::kernels::gated_neurons(self.width, k))
-            }
-        }
-    }
-
     /// `‖down_j‖₂` of each held neuron (its output's weight norm), in
     /// canonical order.
     pub(crate) fn down_norms(&self) -> Result<Vec<f32>> {
@@ -362,12 +349,12 @@ impl Mlp {
     }
 
     /// Original indices of the neurons held (`None`: all, in order).
-    pub fn neurons(&self) -> Option<&[u32]> {
+    pub(crate) fn neurons(&self) -> Option<&[u32]> {
         self.neurons.as_deref()
     }
 
     /// Number of neurons this MLP computes.
-    pub fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         self.width
     }
 
@@ -383,7 +370,7 @@ impl Mlp {
     }
 
     /// Bytes of weights read per token.
-    pub fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         match &self.store {
             Store::Rows { gate_up, down_t } => {
                 gate_up.weight_bytes() + down_t.elem_count() * down_t.dtype().size_in_bytes()
@@ -394,7 +381,7 @@ impl Mlp {
 
     /// The input of `down_proj`: `silu(gate(x)) * up(x)`, shape `[.., N]`,
     /// f32, in storage order ([`Mlp::to_canonical`] reorders it).
-    pub fn activations(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn activations(&self, x: &Tensor) -> Result<Tensor> {
         let gate_up = match &self.store {
             Store::Bundles(b) => return b.activations(x),
             Store::Rows { gate_up, .. } => gate_up,
@@ -471,7 +458,7 @@ impl Mlp {
         Ok(y.reshape(dims)?.to_dtype(DType::F32)?)
     }
 
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if is_single_row(x) && x.device().is_cpu() {
             let y = self.forward_row(&x.flatten_all()?.to_vec1::<f32>()?)?;
             return Ok(Tensor::from_vec(y, x.shape(), x.device())?);

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use selectinfer::model::{Config, LoadOptions, Model};
+use crate::model::{Config, LoadOptions, Model};
 use std::collections::HashMap;
 
 const TOLERANCE: f32 = 1e-4;

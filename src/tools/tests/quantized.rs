@@ -3,13 +3,13 @@
 //! GGUF), logits against f32, the file's refusals, and what a selective
 //! load reads.
 
-mod common;
+use super::common;
 
 use candle_core::{DType, Device, Tensor};
-use selectinfer::kernels::quant_mlp::DownForm;
-use selectinfer::model::qfile::{self, QFile};
-use selectinfer::model::{FfnRows, LoadOptions, Model};
-use selectinfer::sys::device::Quant;
+use crate::kernels::quant_mlp::DownForm;
+use crate::model::qfile::{self, QFile};
+use crate::model::{FfnRows, LoadOptions, Model};
+use crate::sys::device::Quant;
 use std::path::{Path, PathBuf};
 
 /// The SmolLM2 folder with both quantized files, written once per test
@@ -19,8 +19,8 @@ fn smollm2() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = common::model_dir("smollm2-135m-instruct");
         for q in [Quant::Q8, Quant::Q4] {
-            if !selectinfer::store::quantize::is_quantized(&dir, q) {
-                selectinfer::store::quantize::quantize_model(&dir, q).unwrap();
+            if !crate::store::quantize::is_quantized(&dir, q) {
+                crate::store::quantize::quantize_model(&dir, q).unwrap();
             }
         }
         dir
@@ -150,7 +150,7 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
         load(&dir, Some(Quant::Q4), FfnRows::All),
     );
     let (mut g, _) =
-        selectinfer::tools::gguf::QuantizedModel::load(&dir.join("model.gguf")).unwrap();
+        crate::tools::gguf::QuantizedModel::load(&dir.join("model.gguf")).unwrap();
     let mut stats: [(f64, usize); 3] = [(0.0, 0); 3];
     let mut n = 0;
     for case in fixture["cases"].as_array().unwrap() {
@@ -254,8 +254,8 @@ fn a_truncated_or_foreign_quantized_file_is_refused_with_a_clear_error() {
     assert!(e.contains("selectinfer quantize"), "{e}");
     // Made from other weights: the Qwen file beside SmolLM2's checkpoint.
     let qwen = common::model_dir("qwen2.5-coder-0.5b-instruct");
-    if !selectinfer::store::quantize::is_quantized(&qwen, Quant::Q4) {
-        selectinfer::store::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
+    if !crate::store::quantize::is_quantized(&qwen, Quant::Q4) {
+        crate::store::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
     }
     std::os::unix::fs::symlink(qwen.join(qfile::file_name("q4")), &path).unwrap();
     let e = format!("{:#}", Model::from_dir(tmp.path(), &opts).unwrap_err());
@@ -281,7 +281,7 @@ fn selective_loading_of_bundles_reads_exactly_the_planned_neurons() {
         );
         // q8 keeps its down rows exact; q4 stores them in quads where
         // those kernels run.
-        let quads = q == "q4" && selectinfer::kernels::quads::preferred();
+        let quads = q == "q4" && crate::kernels::quads::preferred();
         let form = if quads {
             DownForm::Quads
         } else {
@@ -293,8 +293,8 @@ fn selective_loading_of_bundles_reads_exactly_the_planned_neurons() {
         // The held bundles are the file's: the dense load's rows `ids`.
         let all = file.bundles(3, None).unwrap();
         let x: Vec<f32> = (0..576).map(|i| ((i % 11) as f32 - 5.0) * 0.05).collect();
-        let sub = selectinfer::model::Mlp::from_bundles(b, Some(ids.clone())).unwrap();
-        let dense = selectinfer::model::Mlp::from_bundles(all, None).unwrap();
+        let sub = crate::model::Mlp::from_bundles(b, Some(ids.clone())).unwrap();
+        let dense = crate::model::Mlp::from_bundles(all, None).unwrap();
         let t = Tensor::from_slice(&x, (1, 1, 576), &Device::Cpu).unwrap();
         let a_all: Vec<f32> = dense
             .activations(&t)
@@ -328,17 +328,17 @@ fn selective_loading_of_bundles_reads_exactly_the_planned_neurons() {
 fn selective_modes_run_on_q4() {
     let dir = smollm2();
     let run = |mode| {
-        let spec = selectinfer::engine::EngineSpec {
+        let spec = crate::engine::EngineSpec {
             model: dir.clone(),
-            dtype: selectinfer::sys::device::WeightDtype::Q4,
+            dtype: crate::sys::device::WeightDtype::Q4,
             mode,
             ranking: Some(
                 common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors"),
             ),
-            ..selectinfer::engine::EngineSpec::default()
+            ..crate::engine::EngineSpec::default()
         };
         let mut engine = spec.load().unwrap();
-        let opts = selectinfer::engine::GenerateOptions {
+        let opts = crate::engine::GenerateOptions {
             max_new_tokens: 12,
             ..Default::default()
         };
@@ -352,10 +352,10 @@ fn selective_modes_run_on_q4() {
         (engine.model.decode_weight_bytes(), g)
     };
     let dense = load(&dir, Some(Quant::Q4), FfnRows::All).decode_weight_bytes();
-    let (held, load_only) = run(selectinfer::method::Mode::LoadOnly);
+    let (held, load_only) = run(crate::method::Mode::LoadOnly);
     assert!(held < dense);
     assert!(load_only.text.contains("Paris"), "{:?}", load_only.text);
-    let (_, sel) = run(selectinfer::method::Mode::Selectinfer);
+    let (_, sel) = run(crate::method::Mode::Selectinfer);
     assert!(
         sel.decode_weight_bytes < load_only.decode_weight_bytes,
         "{} vs {}",

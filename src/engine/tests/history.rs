@@ -8,12 +8,12 @@
 //! its sums, and at times a greedy token, follow the previous prompt's
 //! arrangement.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::spec::EngineSpec;
-use selectinfer::engine::{Engine, GenerateOptions};
-use selectinfer::method::Mode;
-use selectinfer::sys::device::WeightDtype;
+use crate::engine::spec::EngineSpec;
+use crate::engine::{Engine, GenerateOptions};
+use crate::method::Mode;
+use crate::sys::device::WeightDtype;
 
 fn spec(dtype: WeightDtype) -> EngineSpec {
     let mut s = EngineSpec {

@@ -1,11 +1,11 @@
 //! Selective loading on the real SmolLM2 weights: only the planned neurons
 //! are read, and loading all of them reproduces the dense model exactly.
 
-mod common;
+use super::common;
 
-use selectinfer::method::ranking::Ranking;
-use selectinfer::method::{LoadPlan, SelectionParams};
-use selectinfer::model::{FfnRows, LoadOptions, Model};
+use crate::method::ranking::Ranking;
+use crate::method::{LoadPlan, SelectionParams};
+use crate::model::{FfnRows, LoadOptions, Model};
 
 fn plan(load_ratio: f64) -> LoadPlan {
     let ranking = Ranking::load(
@@ -118,10 +118,10 @@ fn loaded_neurons_and_bytes_match_the_plan() {
 
 mod compute {
     use super::common;
-    use selectinfer::engine::{generate::Chosen, Engine, GenerateOptions};
-    use selectinfer::method::SelectionParams;
-    use selectinfer::method::{Method, Mode};
-    use selectinfer::model::LoadOptions;
+    use crate::engine::{generate::Chosen, Engine, GenerateOptions};
+    use crate::method::SelectionParams;
+    use crate::method::{Method, Mode};
+    use crate::model::LoadOptions;
 
     fn engine(mode: Mode, load_ratio: f64, compute_ratio: f64) -> Engine {
         engine_with(mode, load_ratio, compute_ratio, &LoadOptions::default())
@@ -174,7 +174,7 @@ mod compute {
         assert!(diff < 1e-3, "logits differ by {diff}");
     }
 
-    fn run(e: &mut Engine) -> selectinfer::engine::Generation {
+    fn run(e: &mut Engine) -> crate::engine::Generation {
         let opts = GenerateOptions {
             max_new_tokens: 8,
             ignore_eos: true,
