@@ -31,6 +31,7 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch
 cargo build --release --target "$TARGET" --bins
 cargo test --release --target "$TARGET" --lib
 if [ "${1:-}" = "--real" ]; then
-  cargo test --release --target "$TARGET" --test parity --test real_weights
+  cargo test --release --target "$TARGET" --lib model::tests::parity
+  cargo test --release --target "$TARGET" --test real_weights
 fi
 echo "aarch64: build and tests passed"

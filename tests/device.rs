@@ -6,7 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use selectinfer::engine::spec::EngineSpec;
+use selectinfer::engine::EngineSpec;
 use selectinfer::engine::GenerateOptions;
 use selectinfer::method::SelectionParams;
 use selectinfer::method::{LayerSelector, Mode};

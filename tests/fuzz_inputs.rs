@@ -1,7 +1,10 @@
-//! Property/fuzz tests (proptest) over every reader of untrusted bytes:
-//! the ranking file, the GGUF reader, the quantized checkpoint and
-//! its neuron bundles, the safetensors row reader, request validation and
-//! the node's parameters (feature `ros`). Each reader gets random bytes
+//! Property/fuzz tests (proptest) over the public readers of untrusted
+//! bytes: the GGUF reader, request validation and the node's parameters
+//! (feature `ros`). (The project's own checkpoint readers — the ranking
+//! file, the quantized checkpoint and its neuron bundles, the safetensors
+//! row reader — are fuzzed with the same harness in the lib's
+//! `tools::tests::readers_fuzz`, the bag readers in
+//! `crates/bagtools/tests/bag_fuzz.rs`.) Each reader gets random bytes
 //! and mutations of a valid file made by the project's own writer (byte
 //! edits, truncation, huge length/count fields, splices, edits of the JSON
 //! headers kept self-consistent so deeper code runs): it must answer Ok or

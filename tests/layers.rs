@@ -188,3 +188,52 @@ fn files_stay_small() {
     }
     assert!(long.is_empty(), "files too long: {long:?}");
 }
+
+/// `pub` items declared in `text`: lines starting `pub fn|struct|enum|
+/// const|static|type|trait|mod|use` (or `pub unsafe fn`, `pub async fn`);
+/// `pub(crate)` and fields are not counted.
+fn pub_items(text: &str) -> usize {
+    const KINDS: [&str; 9] = [
+        "fn", "struct", "enum", "const", "static", "type", "trait", "mod", "use",
+    ];
+    text.lines()
+        .filter(|line| {
+            let Some(rest) = line.trim_start().strip_prefix("pub ") else {
+                return false;
+            };
+            let mut words = rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            match words.next() {
+                Some(w) if KINDS.contains(&w) => true,
+                Some("unsafe" | "async") => words.next() == Some("fn"),
+                _ => false,
+            }
+        })
+        .count()
+}
+
+#[test]
+fn each_layer_has_a_small_public_surface() {
+    // Each top-level layer of the product crate keeps fewer than 60 `pub`
+    // items: `pub(crate)` by default, public only what the binaries, the
+    // other crates of the workspace and the integration tests use.
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    for f in files {
+        let Some(layer) = layer_of(&f) else { continue };
+        let text = std::fs::read_to_string(&f).unwrap();
+        *counts.entry(layer).or_default() += pub_items(&text);
+    }
+    assert_eq!(counts.len(), LAYERS.len(), "layers: {counts:?}");
+    let big: Vec<_> = counts.iter().filter(|(_, &n)| n >= 60).collect();
+    assert!(
+        big.is_empty(),
+        "layers with 60 or more pub items: {big:?} (all: {counts:?})"
+    );
+}
+
+#[test]
+fn the_count_sees_pub_items() {
+    let text = "pub fn a() {}\n    pub(crate) fn b() {}\n  pub struct C;\npub unsafe fn d() {}\npub unsafe extern \"C\" fn e() {}\n    pub field: u32,\npub use x::y;\npub(super) mod m;\npub const fn f() {}";
+    assert_eq!(pub_items(text), 5);
+}

@@ -6,7 +6,7 @@
 
 mod common;
 
-use selectinfer::engine::text::{conversation, Message};
+use selectinfer::engine::{conversation, Message};
 use selectinfer::engine::{Engine, EngineSpec, GenerateOptions};
 use selectinfer::method::Mode;
 

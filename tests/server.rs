@@ -4,7 +4,7 @@
 
 mod common;
 
-use selectinfer::engine::spec::EngineSpec;
+use selectinfer::engine::EngineSpec;
 use selectinfer::engine::Sampling;
 use selectinfer::method::Mode;
 use selectinfer::serve::server::{

@@ -4,7 +4,7 @@
 //!
 //! cargo run --release -p selectinfer-lab --example prefix_ttft -- [model dir] [dtype] [mode]
 
-use selectinfer::engine::text::conversation;
+use selectinfer::engine::conversation;
 use selectinfer::engine::{EngineSpec, GenerateOptions};
 use std::path::PathBuf;
 

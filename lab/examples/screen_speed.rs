@@ -5,8 +5,8 @@
 //! Run (after `selectinfer prepare-model qwen2.5-coder-0.5b-instruct`):
 //! cargo run --release -p selectinfer-lab --example screen_speed [MODEL_DIR] [K4] [K2]
 use selectinfer::kernels::spin_pool::SpinPool;
-use selectinfer::model::{HeadScreen, ScreenBits};
 use selectinfer::model::Linear;
+use selectinfer::model::{HeadScreen, ScreenBits};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {

@@ -187,7 +187,7 @@ impl Defaults {
         }
     }
 
-    pub(crate) fn sampling(&self) -> Sampling {
+    pub fn sampling(&self) -> Sampling {
         Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -235,6 +235,6 @@ impl Default for LoadOptions {
 }
 
 /// For serde: a spec file without `prefill_chunk` gets the default.
-pub(crate) fn prefill_chunk() -> usize {
+pub fn prefill_chunk() -> usize {
     CLI.prefill_chunk
 }

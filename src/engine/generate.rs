@@ -7,7 +7,6 @@ use super::prefix::{PrefixCache, Reuse, Snapshot};
 use super::text::{Message, TextCodec};
 use super::tool_calls::Tool;
 use crate::method::budget::MemoryPlan;
-use crate::method::params::Score;
 use crate::method::{LayerSelector, Method, PromptCounts, SelectionParams};
 use crate::model::vocab::OutputVocab;
 use crate::model::{KvCache, LoadOptions, Mlp, Model};
@@ -44,7 +43,7 @@ pub struct Engine {
 /// (`None`: the layer's own MLP).
 type DecodeMlps = Vec<Option<Mlp>>;
 /// Per-layer rows chosen for a prompt (`None`: the layer computes all it holds).
-pub type Chosen = Vec<Option<Vec<usize>>>;
+pub(crate) type Chosen = Vec<Option<Vec<usize>>>;
 
 impl Engine {
     /// Loads a dense engine.
@@ -54,7 +53,7 @@ impl Engine {
 
     /// Loads an engine running `method` (selective loading per its plan,
     /// selective computation per prompt).
-    pub fn load_with_method(
+    pub(crate) fn load_with_method(
         dir: &Path,
         opts: &LoadOptions,
         method: Option<Method>,
@@ -158,11 +157,6 @@ impl Engine {
     pub(crate) fn set_selection(&mut self, compute_ratio: f64, token_ratio: f64) -> Result<()> {
         let layers = self.model.config().num_hidden_layers;
         self.reselect(|p| p.with_selection(compute_ratio, token_ratio, layers))
-    }
-
-    /// Changes how the next prompts rank neurons for their dynamic set.
-    pub fn set_score(&mut self, score: Score) -> Result<()> {
-        self.reselect(|p| Ok(SelectionParams { score, ..p.clone() }))
     }
 
     /// Rebuilds the selection rules from changed parameters.
@@ -352,19 +346,13 @@ impl Engine {
         )
     }
 
-    /// Weight bytes each decode token reads given a prompt's chosen rows
-    /// (as [`Engine::forced_logits`] returns them).
-    pub fn decode_bytes(&self, chosen: Option<&Chosen>) -> u64 {
-        self.decode_cost(chosen, self.gate_keep()).1
-    }
-
     /// The gating of decode's fronts (`None`: none).
     fn gate_keep(&self) -> Option<usize> {
         self.method.as_ref()?.params.gate_keep_count()
     }
 
     /// Checks a request against the model before any work is done.
-    pub fn validate(&self, prompt_tokens: usize, opts: &GenerateOptions) -> Result<()> {
+    pub(crate) fn validate(&self, prompt_tokens: usize, opts: &GenerateOptions) -> Result<()> {
         opts.sampling.validate()?;
         let ctx = self.model.max_context();
         if opts.max_new_tokens == 0 {
@@ -391,7 +379,7 @@ impl Engine {
     /// For comparing devices on identical inputs.
     /// With `rows`, those rows are used instead of the engine's own choice
     /// (to compare devices on the same selection).
-    pub fn forced_logits(
+    pub(crate) fn forced_logits(
         &mut self,
         prompt: &[u32],
         forced: &[u32],

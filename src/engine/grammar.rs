@@ -28,7 +28,7 @@ pub enum Grammar {
 impl Grammar {
     /// The grammar of a request's `json_schema` and `grammar` fields (empty
     /// = unset; both set is refused).
-    pub fn of_fields(json_schema: &str, lark: &str) -> Result<Option<Self>> {
+    pub(crate) fn of_fields(json_schema: &str, lark: &str) -> Result<Option<Self>> {
         match (json_schema.trim().is_empty(), lark.trim().is_empty()) {
             (true, true) => Ok(None),
             (false, true) => Ok(Some(Self::JsonSchema(json_schema.into()))),
@@ -223,19 +223,13 @@ pub(crate) fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
 }
 
 /// One request's grammar state: which tokens may come next.
-pub struct Constraint {
+pub(crate) struct Constraint {
     matcher: Matcher,
 }
 
 impl Constraint {
-    /// `logits` with every token the grammar forbids at `-inf`.
-    pub fn mask(&mut self, logits: &Tensor) -> Result<Tensor> {
-        let v = self.mask_values(logits)?;
-        Ok(Tensor::from_vec(v, logits.dims(), logits.device())?)
-    }
-
     /// [`Self::mask`] as values.
-    pub fn mask_values(&mut self, logits: &Tensor) -> Result<Vec<f32>> {
+    pub(crate) fn mask_values(&mut self, logits: &Tensor) -> Result<Vec<f32>> {
         let allowed = self
             .matcher
             .compute_mask_or_eos()

@@ -6,23 +6,26 @@
 //! ([`tool_calls`], a request's offer of them: [`tool_offer`]) and the
 //! prefix cache ([`prefix`]), the output vocabulary per request ([`vocab`]).
 
-pub mod decode;
+pub(crate) mod decode;
 pub mod defaults;
-pub mod generate;
-pub mod grammar;
+pub(crate) mod generate;
+pub(crate) mod grammar;
 pub(crate) mod prefix;
-pub mod sampling;
-pub mod spec;
+pub(crate) mod sampling;
+pub(crate) mod spec;
 pub(crate) mod stops;
-pub mod text;
+pub(crate) mod text;
 pub(crate) mod tool_calls;
 pub(crate) mod tool_offer;
 pub(crate) mod vocab;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use decode::{CallGate, CallThresholds, GenerateOptions, Generation, Generator, StopReason};
 pub use generate::Engine;
+pub use grammar::Grammar;
 pub use sampling::Sampling;
-pub use spec::EngineSpec;
+pub use spec::{EngineSpec, SwapReport};
+pub use text::{conversation, Message, TextCodec};
+pub use tool_calls::{Tool, ToolCall};

@@ -92,7 +92,7 @@ impl EngineSpec {
 
     /// The parameters the mode actually runs with: coreinfer loads every
     /// neuron and has no static set.
-    pub fn effective_params(&self) -> SelectionParams {
+    pub(crate) fn effective_params(&self) -> SelectionParams {
         let mut p = self.params.clone();
         if self.mode == Mode::Coreinfer {
             p.load_ratio = 1.0;

@@ -32,7 +32,7 @@ pub struct Tool {
 
 /// Whether and what the model must call.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ToolChoice {
+pub(crate) enum ToolChoice {
     /// Text or calls, the model's choice.
     #[default]
     Auto,

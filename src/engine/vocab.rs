@@ -45,7 +45,7 @@ impl Engine {
 
     /// Computes only the output tokens of `vocab` from now on (`None`: all);
     /// [`Engine::set_vocab`] builds it from a rule.
-    pub fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
+    pub(crate) fn set_output_vocab(&mut self, vocab: Option<OutputVocab>) -> Result<()> {
         if vocab.is_some() && !self.model.device().is_cpu() {
             bail!(
                 "an output vocabulary thins the CPU decode's lm_head; on {:?} it would only add a mask (use vocab all)",
@@ -86,8 +86,9 @@ impl Engine {
         self.model.set_head_screen(None)
     }
 
+    #[cfg(test)]
     /// The rows the lm_head's screen computes exactly (0: no screen).
-    pub fn head_screen_k(&self) -> usize {
+    pub(crate) fn head_screen_k(&self) -> usize {
         self.head_screen.as_ref().map_or(0, |s| s.k())
     }
 

@@ -81,7 +81,6 @@ impl Footprint {
                 .map(|(b, &n)| b * n as u64)
                 .sum::<u64>()
     }
-
 }
 
 /// Keys and values (f32) of every layer at `context` positions, in the

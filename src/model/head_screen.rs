@@ -221,6 +221,7 @@ impl HeadScreen {
         Ok(())
     }
 
+    #[cfg(test)]
     /// Rows computed exactly per step.
     pub(crate) fn k(&self) -> usize {
         self.k

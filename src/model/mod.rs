@@ -23,9 +23,9 @@ mod norm;
 pub(crate) mod qfile;
 mod rope;
 pub(crate) mod rowread;
-pub(crate) mod vocab;
 #[cfg(test)]
 mod tests;
+pub(crate) mod vocab;
 
 pub(crate) use block::Block;
 use checkpoint::safetensors_files;
@@ -37,8 +37,8 @@ pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub(crate) use mlp::Mlp;
 pub(crate) use norm::RmsNorm;
-pub use vocab::OutputVocab;
 use rope::Rope;
+pub use vocab::OutputVocab;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};

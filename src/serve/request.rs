@@ -1,8 +1,8 @@
 //! What goes into the request queue and what comes out: one generation
 //! request, as any front end fills it, and its reply. No ROS in here.
 
-use crate::engine::text::Message;
 use crate::engine::tool_calls::ToolCall;
+use crate::engine::Message;
 use serde::Serialize;
 
 /// One generation request. `None` fields take the server's current defaults.

@@ -9,11 +9,11 @@
 //! No ROS in here.
 
 pub use super::request::{Reply, Request};
-use crate::engine::grammar::Grammar;
-use crate::engine::spec::EngineSpec;
 use crate::engine::stops::StopStrings;
-use crate::engine::text::{conversation, TextCodec};
 use crate::engine::tool_offer::Offer;
+use crate::engine::EngineSpec;
+use crate::engine::Grammar;
+use crate::engine::{conversation, TextCodec};
 use crate::engine::{CallGate, CallThresholds, Engine, GenerateOptions, Sampling};
 use crate::method::Mode;
 use crate::method::SelectionParams;

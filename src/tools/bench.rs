@@ -6,7 +6,7 @@
 //! 4-bit baseline, candle-transformers' quantized model on the kept GGUF
 //! (`candle-gguf`).
 
-use crate::engine::text::TextCodec;
+use crate::engine::TextCodec;
 use crate::engine::{Engine, GenerateOptions};
 use crate::model::LoadOptions;
 use crate::sys::memory;

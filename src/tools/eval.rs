@@ -78,13 +78,13 @@ pub(crate) struct ExampleOutput {
 enum Prompt {
     User(String),
     Tools {
-        turns: Vec<crate::engine::text::Message>,
+        turns: Vec<crate::engine::Message>,
         tools: Vec<Tool>,
     },
 }
 
 impl Prompt {
-    fn ids(&self, codec: &crate::engine::text::TextCodec) -> Result<Vec<u32>> {
+    fn ids(&self, codec: &crate::engine::TextCodec) -> Result<Vec<u32>> {
         match self {
             Prompt::User(p) => codec.chat_prompt_ids(p),
             Prompt::Tools { turns, tools } => {
@@ -99,7 +99,7 @@ impl Prompt {
     fn options(
         &self,
         base: &GenerateOptions,
-        codec: &crate::engine::text::TextCodec,
+        codec: &crate::engine::TextCodec,
         thresholds: CallThresholds,
     ) -> Result<GenerateOptions> {
         let mut o = base.clone();
@@ -119,7 +119,7 @@ impl Prompt {
 
 /// The prompt tokens of a tools row (its `messages` offering its
 /// `functions`), as eval renders them: what profiling a `tools` task reads.
-pub fn tools_prompt_ids(codec: &crate::engine::text::TextCodec, ex: &Example) -> Result<Vec<u32>> {
+pub fn tools_prompt_ids(codec: &crate::engine::TextCodec, ex: &Example) -> Result<Vec<u32>> {
     tools_prompt(ex)?.ids(codec)
 }
 
@@ -357,7 +357,7 @@ pub(crate) struct PromptRecord {
 /// The prompts `run` would generate from (same template, chat format and
 /// context check), without generating.
 pub(crate) fn prompts(
-    codec: &crate::engine::text::TextCodec,
+    codec: &crate::engine::TextCodec,
     max_context: usize,
     opts: &EvalOptions,
 ) -> Result<Vec<PromptRecord>> {

@@ -3,7 +3,7 @@
 //! `bench`, `eval` and the baselines comparison run them like any mode.
 
 use crate::engine::decode::{decode_loop, GenerateOptions, Generation, Generator, Steps};
-use crate::engine::text::TextCodec;
+use crate::engine::TextCodec;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};

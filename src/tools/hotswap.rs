@@ -3,8 +3,8 @@
 //! with the other task, in one process — bytes read, seconds, the bytes
 //! the plans' difference holds, and whether both answer the same (greedy).
 
-use crate::engine::spec::{EngineSpec, SwapReport};
 use crate::engine::{Engine, GenerateOptions};
+use crate::engine::{EngineSpec, SwapReport};
 use crate::model::footprint::Footprint;
 use crate::sys::memory;
 use anyhow::{bail, Context, Result};

@@ -18,6 +18,6 @@ pub mod hotswap;
 pub mod metrics;
 pub mod parity;
 pub mod synth;
-pub mod tune;
 #[cfg(test)]
 mod tests;
+pub mod tune;

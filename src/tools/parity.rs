@@ -3,8 +3,8 @@
 //! the CPU and on the device, per mode, and how far their logits and
 //! selections differ.
 
-use crate::engine::spec::EngineSpec;
 use crate::engine::Engine;
+use crate::engine::EngineSpec;
 use anyhow::Result;
 use serde::Serialize;
 

@@ -7,8 +7,8 @@
 use crate::mutate::{apply, edge_u64, edits};
 use crate::{fixtures, fuzz};
 use proptest::prelude::*;
-use selectinfer::engine::spec::EngineSpec;
-use selectinfer::engine::text::Message;
+use selectinfer::engine::EngineSpec;
+use selectinfer::engine::Message;
 use selectinfer::engine::Sampling;
 use selectinfer::method::Mode;
 use selectinfer::serve::server::{Request, RuntimeSettings, Server, ServerConfig};

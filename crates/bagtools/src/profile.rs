@@ -23,8 +23,8 @@ use crate::bag::{self, RecordedPrompt};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
-use selectinfer::engine::text::{conversation, Message};
 use selectinfer::engine::Engine;
+use selectinfer::engine::{conversation, Message};
 use selectinfer::method::ranking::{
     jaccard, LayerRanking, ModelIdentity, Ranking, RankingMeta, TaskMeta,
 };

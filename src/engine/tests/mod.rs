@@ -7,8 +7,10 @@
 //! They live in the crate, not
 //! in tests/, so that the engine's internals they read need not be public.
 
+// Shared with the tools' tests (`crate::engine::tests::common`): a file
+// may be a module only once.
 #[path = "../../../tests/common/mod.rs"]
-mod common;
+pub(crate) mod common;
 mod history;
 mod hotswap;
 mod selective_load;

@@ -4,9 +4,9 @@
 //! lm_head). Random weights are fine here: this checks our implementation
 //! against an independent one, not model quality.
 
+use crate::model::{Config, LoadOptions, Model};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use crate::model::{Config, LoadOptions, Model};
 use std::collections::HashMap;
 
 const TOLERANCE: f32 = 1e-4;

@@ -5,8 +5,8 @@
 
 use super::clock::NodeClock;
 use super::pacer::Pacer;
-use crate::engine::text::Message;
 use crate::engine::tool_calls::ToolCall;
+use crate::engine::Message;
 use crate::serve::server::{new_request_id, Reply, Request, TokenSink};
 use r2r::selectinfer_msgs::{msg as si, srv::Generate};
 use r2r::Publisher;

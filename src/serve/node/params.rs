@@ -5,7 +5,7 @@
 use super::param_specs::{spec_of, Spec, PARAMETERS};
 use super::runtime_file;
 use crate::engine::defaults;
-use crate::engine::spec::EngineSpec;
+use crate::engine::EngineSpec;
 use crate::method::params::resolve_layers;
 use crate::method::Mode;
 use crate::method::SelectionParams;

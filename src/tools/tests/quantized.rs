@@ -5,11 +5,11 @@
 
 use super::common;
 
-use candle_core::{DType, Device, Tensor};
 use crate::kernels::quant_mlp::DownForm;
 use crate::model::qfile::{self, QFile};
 use crate::model::{FfnRows, LoadOptions, Model};
 use crate::sys::device::Quant;
+use candle_core::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};
 
 /// The SmolLM2 folder with both quantized files, written once per test
@@ -149,8 +149,7 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
         load(&dir, Some(Quant::Q8), FfnRows::All),
         load(&dir, Some(Quant::Q4), FfnRows::All),
     );
-    let (mut g, _) =
-        crate::tools::gguf::QuantizedModel::load(&dir.join("model.gguf")).unwrap();
+    let (mut g, _) = crate::tools::gguf::QuantizedModel::load(&dir.join("model.gguf")).unwrap();
     let mut stats: [(f64, usize); 3] = [(0.0, 0); 3];
     let mut n = 0;
     for case in fixture["cases"].as_array().unwrap() {

@@ -215,8 +215,8 @@ fn bundles_from_bytes() {
 
 #[test]
 fn safetensors_row_reader() {
-    use candle_core::DType;
     use crate::model::rowread::RowReader;
+    use candle_core::DType;
     let tmp = tempfile::tempdir().unwrap();
     let model = fixtures::model(tmp.path(), false);
     let valid = std::fs::read(model.join("model.safetensors")).unwrap();

@@ -2,14 +2,14 @@
 //! is exact (KL 0, every top-1 agreeing), and so is every selective mode and
 //! score with every neuron selected; a quantized dtype is not, but close.
 
-mod common;
+use super::common;
 
-use selectinfer::engine::EngineSpec;
-use selectinfer::method::params::Score;
-use selectinfer::method::Mode;
-use selectinfer::sys::device::WeightDtype;
-use selectinfer::sys::named::Named;
-use selectinfer::tools::fidelity::{self, Candidate, FidelityOptions};
+use crate::engine::EngineSpec;
+use crate::method::params::Score;
+use crate::method::Mode;
+use crate::sys::device::WeightDtype;
+use crate::sys::named::Named;
+use crate::tools::fidelity::{self, Candidate, FidelityOptions};
 
 fn spec() -> EngineSpec {
     EngineSpec {
