@@ -209,3 +209,39 @@ fn wrong_sha256_is_refused() {
         "a bad GGUF must not be kept"
     );
 }
+
+#[test]
+fn bench_prompt_ids_file_errors_name_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::model_dir("smollm2-135m-instruct");
+    let model = model.to_str().unwrap();
+    for (name, text, needle) in [
+        ("text.json", "hello", "token-id lists"),
+        ("empty.json", "[]", "no prompts"),
+        ("hole.json", "[[1, 2], []]", "an empty one"),
+    ] {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let p = path.to_str().unwrap();
+        let out = selectinfer(&["bench", "--model", model, "--prompt-ids", p]);
+        assert_clean_error(&out, &[p, needle]);
+    }
+    let missing = tmp.path().join("missing.json");
+    let m = missing.to_str().unwrap();
+    let out = selectinfer(&["bench", "--model", model, "--prompt-ids", m]);
+    assert_clean_error(&out, &[m]);
+    // Ids outside the vocabulary: the model's own refusal, no panic.
+    let path = tmp.path().join("outside.json");
+    std::fs::write(&path, "[[1, 4000000000]]").unwrap();
+    let args = [
+        "bench",
+        "--model",
+        model,
+        "--dtype",
+        "f32",
+        "--new-tokens",
+        "2",
+    ];
+    let out = selectinfer(&[&args[..], &["--prompt-ids", path.to_str().unwrap()]].concat());
+    assert_clean_error(&out, &["4000000000"]);
+}

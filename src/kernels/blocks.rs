@@ -101,6 +101,28 @@ pub struct Q8Act {
 /// of it on one thread between the parallel kernels.
 const ROUND: f32 = 12_582_912.0;
 
+/// Quantizes one block `xb` into `qb` (the nearest of 255 levels, ties to
+/// even) and returns its scale `max|x| / 127`.
+#[inline]
+pub(crate) fn quantize_block(xb: &[f32], qb: &mut [i8]) -> f32 {
+    // Eight running maxima (lanes the compiler keeps in one register), not
+    // one chain of `f32::max` through the block; a NaN never wins either way.
+    let mut lanes = [0f32; 8];
+    for c in xb.chunks_exact(8) {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            let a = v.abs();
+            *m = if a > *m { a } else { *m };
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |m, &v| if v > m { v } else { m });
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        *q = ((v * id + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
 impl Q8Act {
     /// Quantizes `x` (a multiple of 32 long) to the nearest of 255 levels
     /// per block (scale `max|x| / 127`; ties to even).
@@ -119,12 +141,7 @@ impl Q8Act {
         };
         let mut sums = Vec::with_capacity(if wide { blocks } else { 0 });
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = ((v * id + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
-            }
+            let d = quantize_block(xb, qb);
             let sum: i32 = qb.iter().map(|&q| q as i32).sum();
             a.d.push(d);
             a.s.push(d * sum as f32);

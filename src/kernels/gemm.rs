@@ -74,6 +74,19 @@ pub(crate) struct Out<'a> {
 
 /// `out (+)= a · b` (or `a · bᵀ`) for `a [m, k]`, written into `out`'s columns.
 pub(crate) fn matmul_into(a: View, b: View, rhs: Rhs, out: Out) {
+    let parallelism = match rayon::current_num_threads() {
+        1 => gemm::Parallelism::None,
+        t => gemm::Parallelism::Rayon(t),
+    };
+    product(a, b, rhs, out, parallelism)
+}
+
+/// [`matmul_into`] on the calling thread alone (inside a parallel task).
+pub(crate) fn matmul_serial(a: View, b: View, rhs: Rhs, out: Out) {
+    product(a, b, rhs, out, gemm::Parallelism::None)
+}
+
+fn product(a: View, b: View, rhs: Rhs, out: Out, parallelism: gemm::Parallelism) {
     a.check("matmul lhs");
     b.check("matmul rhs");
     // The right-hand matrix's (k, n) and (row, column) strides over `b.data`.
@@ -102,10 +115,6 @@ pub(crate) fn matmul_into(a: View, b: View, rhs: Rhs, out: Out) {
         }
         return;
     }
-    let parallelism = match rayon::current_num_threads() {
-        1 => gemm::Parallelism::None,
-        t => gemm::Parallelism::Rayon(t),
-    };
     // SAFETY: the views were checked to lie inside their slices and `out`
     // holds `m` rows of `out.cols` with the `n` columns from `out.col0`;
     // `out.data` is borrowed mutably, so nothing else reads or writes it.

@@ -27,12 +27,14 @@ pub(crate) mod cpu_features;
 pub(crate) mod exp;
 pub(crate) mod gather;
 pub(crate) mod gemm;
+pub(crate) mod gemm_q;
 pub mod matvec;
 mod mlp;
 mod norm;
 pub mod planar;
 pub mod portable;
 mod portable_quant;
+mod prefill_attention;
 pub(crate) mod q2;
 pub mod quads;
 pub mod quant;
@@ -48,6 +50,8 @@ mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni;
 #[cfg(target_arch = "x86_64")]
+mod x86_vnni_gemm;
+#[cfg(target_arch = "x86_64")]
 mod x86_vnni_planar;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni_quads;
@@ -58,6 +62,7 @@ pub use matvec::{matvec, matvec_ids, WeightElem};
 pub use mlp::{gate_keep_mask, gated_neurons, swiglu_mlp, swiglu_mlp_gated, GATE_GROUP};
 pub(crate) use mlp::{group_keep, swiglu_mlp_weights};
 pub(crate) use norm::rms_norm_row;
+pub(crate) use prefill_attention::prefill_attention;
 pub(crate) use rope::rope_row;
 
 use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};

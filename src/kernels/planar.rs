@@ -86,6 +86,88 @@ pub(crate) fn to_planar(format: QFormat, row: &[u8], out: &mut [u8]) {
     }
 }
 
+/// A block's fields, read where they lie: scale `d`, minimum `m` (`Q4_1`,
+/// else 0), fifth bits `qh` (`Q5_0`, else 0) and quants.
+pub(crate) struct Fields<'a> {
+    pub d: f32,
+    pub m: f32,
+    pub qh: u32,
+    pub qs: &'a [u8],
+}
+
+/// Block `i`'s fields in `row` of `k` blocks stored in `form`, read in
+/// place (no copy of the block, as [`block_of`] makes).
+#[inline]
+pub(crate) fn fields_at(
+    format: QFormat,
+    form: RowForm,
+    row: &[u8],
+    k: usize,
+    i: usize,
+) -> Fields<'_> {
+    use super::blocks::f16_at;
+    let u32_at = |at: usize| u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    let u16_at = |at: usize| u16::from_le_bytes([row[at], row[at + 1]]) as u32;
+    if form == RowForm::Blocks || format == QFormat::Q8_0 {
+        let b = i * format.block_bytes();
+        return match format {
+            QFormat::Q4_0 => Fields {
+                d: f16_at(row, b),
+                m: 0.0,
+                qh: 0,
+                qs: &row[b + 2..b + 18],
+            },
+            QFormat::Q4_1 => Fields {
+                d: f16_at(row, b),
+                m: f16_at(row, b + 2),
+                qh: 0,
+                qs: &row[b + 4..b + 20],
+            },
+            QFormat::Q5_0 => Fields {
+                d: f16_at(row, b),
+                m: 0.0,
+                qh: u32_at(b + 2),
+                qs: &row[b + 6..b + 22],
+            },
+            QFormat::Q8_0 => Fields {
+                d: f16_at(row, b),
+                m: 0.0,
+                qh: 0,
+                qs: &row[b + 2..b + 34],
+            },
+        };
+    }
+    // Planar: field `(off, len)` of block `i` at `k·off + i·len` ([`pieces`]).
+    match format {
+        QFormat::Q4_0 => Fields {
+            d: f16_at(row, 2 * i),
+            m: 0.0,
+            qh: 0,
+            qs: &row[2 * k + 16 * i..][..16],
+        },
+        QFormat::Q4_1 => Fields {
+            d: f16_at(row, 2 * i),
+            m: f16_at(row, 2 * k + 2 * i),
+            qh: 0,
+            qs: &row[4 * k + 16 * i..][..16],
+        },
+        _ => {
+            let qh = if i / 4 < k / 4 {
+                let at = 2 * k + 16 * (i / 4) + 2 * (i % 4);
+                u16_at(at) | u16_at(at + 8) << 16
+            } else {
+                u32_at(2 * k + 4 * i)
+            };
+            Fields {
+                d: f16_at(row, 2 * i),
+                m: 0.0,
+                qh,
+                qs: &row[6 * k + 16 * i..][..16],
+            }
+        }
+    }
+}
+
 /// Block `i` of planar `row` in GGUF's form, into `out[..block_bytes]`.
 #[inline]
 pub(crate) fn block_of(format: QFormat, row: &[u8], i: usize, out: &mut [u8; 34]) {

@@ -123,6 +123,26 @@ pub(crate) fn to_bundles(gate_up: usize, quad: &[u8], bundles: &mut [u8]) {
     }
 }
 
+/// Block `b` (outputs `32b..32b + 32`) of the tile's four down rows,
+/// dequantized output by output: `out[i · stride + j]` is neuron `j`'s
+/// weight of output `32b + i`.
+pub(crate) fn dequantize_block_t(
+    tile: &[u8],
+    blocks: usize,
+    b: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d: [f32; QUAD] = std::array::from_fn(|j| f16_at(tile, 2 * blocks * j + 2 * b));
+    let w = &tile[8 * blocks + 128 * b..8 * blocks + 128 * (b + 1)];
+    for (i, four) in w.chunks_exact(QUAD).enumerate() {
+        let o = &mut out[i * stride..i * stride + QUAD];
+        for j in 0..QUAD {
+            o[j] = d[j] * ((four[j] ^ 0x80) as i8) as f32;
+        }
+    }
+}
+
 /// Neuron `j`'s down row from a tile, dequantized into `out` (the row's
 /// length: `tile.len() / 4 / 34 · 32`).
 pub(crate) fn dequantize(tile: &[u8], j: usize, out: &mut [f32]) {

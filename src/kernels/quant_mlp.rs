@@ -6,6 +6,7 @@
 //! ([`super::quads`]) where the down rows are stored so.
 
 use super::exp::exp;
+use super::gemm_q;
 use super::planar::RowForm;
 use super::quads::{self, QUAD};
 use super::quant::{self, axpy, dot, dot2, dot4, Q8Act, QFormat, QK};
@@ -223,6 +224,24 @@ pub fn swiglu_bundles(x: &[f32], layout: &BundleLayout, buf: &[u8], count: usize
     for p in partials.chunks(h) {
         y.iter_mut().zip(p).for_each(|(yi, pi)| *yi += pi);
     }
+}
+
+/// `out[t · count + n] = silu(gate_n · x_t) · (up_n · x_t)` for the first
+/// `count` bundles of `buf` and the `T` tokens of `x`: the prefill form of
+/// the first half of [`swiglu_bundles`] on [`gemm_q`]'s tiled product
+/// (sixteen neurons' gate and up rows at a time over eight tokens).
+pub(crate) fn swiglu_activations_gemm(
+    x: &gemm_q::Acts,
+    layout: &BundleLayout,
+    buf: &[u8],
+    count: usize,
+    out: &mut [f32],
+) {
+    let in_quads = layout.in_quads(buf);
+    let gate = |r: usize| (layout.gate, layout.gate_up_of(buf, r, in_quads).0);
+    let up = |r: usize| (layout.up, layout.gate_up_of(buf, r, in_quads).1);
+    let rows = (&gate as gemm_q::RowOf, &up as gemm_q::RowOf, layout.rows);
+    gemm_q::matmul_pair(count, rows, swiglu, x, out);
 }
 
 /// Bundles of a tile in [`swiglu_activations_q`] (~40–70 KB for Qwen

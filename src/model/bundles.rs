@@ -14,6 +14,7 @@
 
 use crate::kernels::gather::{is_permutation, permute_in_place};
 use crate::kernels::gemm::{self, Out, Rhs, View};
+use crate::kernels::gemm_q;
 use crate::kernels::planar::{self, RowForm};
 use crate::kernels::quads::{self, QUAD};
 use crate::kernels::quant::{self, QFormat};
@@ -306,6 +307,19 @@ impl Bundles {
         }
         let v: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let m = v.len() / h;
+        if gemm_q::pays(m) && x.device().is_cpu() {
+            // Sixteen neurons' rows over eight tokens at a time (`gemm_q`).
+            let acts = gemm_q::Acts::quantize(&v, h);
+            let mut out = vec![0f32; self.count * m];
+            quant_mlp::swiglu_activations_gemm(
+                &acts,
+                &self.layout,
+                &self.data,
+                self.count,
+                &mut out,
+            );
+            return Ok(Tensor::from_vec(out, (m, self.count), &Device::Cpu)?.reshape(dims)?);
+        }
         if quant::int8_prefill() && x.device().is_cpu() {
             // 8-bit activations, as decode's (see `quant::int8_prefill`).
             let xs: Vec<quant::Q8Act> = v.chunks_exact(h).map(quant::Q8Act::quantize).collect();
@@ -384,6 +398,10 @@ impl Bundles {
         let m = dims[..dims.len() - 1].iter().product::<usize>();
         let a: Vec<f32> = a.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let mut y = vec![0f32; m * h];
+        if gemm_q::pays(a.len() / n) {
+            self.down_gemm(&a, order, &mut y);
+            return Ok(Tensor::from_vec(y, dims, &Device::Cpu)?);
+        }
         let step = self.chunk();
         // The chunk's columns of `a`, gathered when an order is given.
         let mut cols = vec![0f32; if order.is_some() { m * step.min(n) } else { 0 }];
@@ -419,6 +437,49 @@ impl Bundles {
             }
         });
         Ok(Tensor::from_vec(y, dims, &Device::Cpu)?)
+    }
+}
+
+impl Bundles {
+    /// [`Bundles::down_in_order`] of several tokens on [`gemm_q`]: `a`'s
+    /// columns (in `order`) quantized to 8 bits per 32 neurons, each
+    /// block of 32 outputs' down weights per 32 neurons too.
+    fn down_gemm(&self, a: &[f32], order: Option<&[u32]>, y: &mut [f32]) {
+        let (l, h, n) = (&self.layout, self.layout.hidden, self.count);
+        let k = n.next_multiple_of(quant::QK);
+        let acts = gemm_q::Acts::quantize_gathered(a, n, order, k);
+        let (bb, in_quads, blocks) = (l.bundle_bytes(), l.in_quads(&self.data), h / quant::QK);
+        let (fb, qb) = (l.down.block_bytes(), QUAD * bb);
+        let tile_of = |q: usize| &self.data[q * qb + QUAD * l.gate_up_bytes()..(q + 1) * qb];
+        let neuron = |pos: usize| order.map_or(pos, |o| o[pos] as usize);
+        let block = |b: usize, vals: &mut [f32]| {
+            let mut one = [0f32; quant::QK];
+            let mut four = [0f32; quant::QK * QUAD];
+            let mut pos = 0;
+            while pos < n {
+                let i = neuron(pos);
+                // A whole quad in its own order: its tile at once.
+                let whole = i < in_quads
+                    && i % QUAD == 0
+                    && pos + QUAD <= n
+                    && (1..QUAD).all(|j| neuron(pos + j) == i + j);
+                if whole {
+                    quads::dequantize_block_t(tile_of(i / QUAD), blocks, b, &mut vals[pos..], k);
+                    pos += QUAD;
+                    continue;
+                }
+                if i < in_quads {
+                    quads::dequantize_block_t(tile_of(i / QUAD), blocks, b, &mut four, QUAD);
+                    (0..quant::QK).for_each(|o| one[o] = four[o * QUAD + i % QUAD]);
+                } else {
+                    let down = l.split(&self.data[i * bb..(i + 1) * bb]).2;
+                    quant::dequantize_row(l.down, &down[b * fb..(b + 1) * fb], &mut one);
+                }
+                (0..quant::QK).for_each(|o| vals[o * k + pos] = one[o]);
+                pos += 1;
+            }
+        };
+        gemm_q::matmul_columns(h, &block, &acts, y);
     }
 }
 

@@ -10,7 +10,7 @@ use crate::engine::TextCodec;
 use crate::engine::{Engine, GenerateOptions};
 use crate::model::LoadOptions;
 use crate::sys::memory;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use candle_transformers::generation::LogitsProcessor;
 use serde::Serialize;
@@ -183,6 +183,30 @@ pub(crate) struct BenchOptions {
     /// lm_head rows computed exactly behind its screen (0: none), and the
     /// bits a weight of the screen's copy takes.
     pub head_screen: (usize, crate::model::head_screen::ScreenBits),
+    /// The prompts as token ids, run as they are (no chat template);
+    /// `None`: [`BENCH_PROMPTS`], chat-formatted.
+    pub prompt_ids: Option<Vec<Vec<u32>>>,
+}
+
+/// Reads a prompt-ids file: a JSON list of token-id lists (the
+/// `prompt_token_ids` of a bench report; what
+/// `scripts/reference/bench_llamacpp.py --token-ids` reads), none empty.
+pub fn read_prompt_ids(path: &Path) -> Result<Vec<Vec<u32>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("prompt ids file {}", path.display()))?;
+    let ids: Vec<Vec<u32>> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "prompt ids file {}: want a JSON list of token-id lists, e.g. [[151644, 872]]",
+            path.display()
+        )
+    })?;
+    if ids.is_empty() || ids.iter().any(|p| p.is_empty()) {
+        bail!(
+            "prompt ids file {}: no prompts, or an empty one",
+            path.display()
+        );
+    }
+    Ok(ids)
 }
 
 /// Benchmarks the engine `spec` describes, γ as its memory budget plans it
@@ -192,6 +216,7 @@ pub fn run_spec(
     engine: BenchEngine,
     new_tokens: usize,
     measure_bandwidth: bool,
+    prompt_ids: Option<Vec<Vec<u32>>>,
 ) -> Result<BenchReport> {
     let codec = TextCodec::from_model_dir(&spec.model)?;
     let (spec, _) = spec.planned()?;
@@ -204,11 +229,13 @@ pub fn run_spec(
         measure_bandwidth,
         vocab: spec.vocab,
         head_screen: (spec.head_screen, spec.head_screen_bits),
+        prompt_ids,
     };
     run(&spec.model, &load, &opts)
 }
 
-/// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`]. `dense` loads
+/// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`] (or the
+/// options' prompt ids). `dense` loads
 /// our model with `load`; `candle-gguf` loads only the tokenizer and the GGUF.
 pub(crate) fn run(
     model_dir: &Path,
@@ -264,10 +291,13 @@ pub(crate) fn run(
     };
     let (peak_rss_after_load_bytes, rss_after_load_bytes) =
         (memory::peak_rss_bytes(), memory::rss_bytes());
-    let prompts = BENCH_PROMPTS
-        .iter()
-        .map(|p| codec.chat_prompt_ids(p))
-        .collect::<Result<Vec<_>>>()?;
+    let prompts = match &opts.prompt_ids {
+        Some(ids) => ids.clone(),
+        None => BENCH_PROMPTS
+            .iter()
+            .map(|p| codec.chat_prompt_ids(p))
+            .collect::<Result<Vec<_>>>()?,
+    };
     // Warm-up: one short run (page faults, kernel repacking, thread pool).
     run_prompt(&prompts[0], 4)?;
     let runs = prompts

@@ -200,7 +200,7 @@ pub enum Command {
     /// --floor of the model's dense q4 task metrics on every task, within
     /// --memory-budget-mb. Resumes from its state folder.
     Tune(crate::tune_cmd::TuneArgs),
-    /// Benchmark decode/prefill speed on fixed prompts.
+    /// Benchmark decode/prefill speed on fixed prompts (or --prompt-ids).
     Bench {
         #[command(flatten)]
         model: ModelArgs,
@@ -214,6 +214,11 @@ pub enum Command {
         /// (best pass apart from the decode, and around each prompt's decode).
         #[arg(long)]
         bandwidth: bool,
+        /// Run these prompts instead of the fixed ones: a JSON file of
+        /// token-id lists, run as they are (no chat template), e.g. the
+        /// `prompt_token_ids` of another report (scripts/bench_prefill.py).
+        #[arg(long)]
+        prompt_ids: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
     },

@@ -220,9 +220,14 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             engine,
             new_tokens,
             bandwidth,
+            prompt_ids,
             json,
         } => {
-            let report = bench::run_spec(&model.spec(), engine, new_tokens, bandwidth)?;
+            let prompts = prompt_ids
+                .as_deref()
+                .map(bench::read_prompt_ids)
+                .transpose()?;
+            let report = bench::run_spec(&model.spec(), engine, new_tokens, bandwidth, prompts)?;
             match json {
                 true => println!("{}", serde_json::to_string_pretty(&report)?),
                 false => println!("{report}"),

@@ -1,0 +1,612 @@
+//! Prefill's quantized matrix product: `out[t][r] = row_r · x_t` for every
+//! token `t` of a chunk and every row `r` of a ggml-block matrix, on 8-bit
+//! activations, as llamafile's tinyBLAS and ggml's repacked `gemm` kernels
+//! do it rather than one row-dot per token.
+//!
+//! The rows go sixteen at a time into a [`Tile`] (once per chunk, the
+//! weights as unsigned bytes `c + 128` of their centred values `c`,
+//! interleaved so that one 512-bit register holds four consecutive weights
+//! of each of the sixteen rows); the tokens' activations are quantized once
+//! per chunk to [`Acts`] (per block of 32: `q` signed bytes, scale `d`,
+//! `Σq`). A block of the product is then, per token, eight `vpdpbusd` with
+//! the token's four activations broadcast, started at `-128·Σq` so the
+//! sum is exact, one conversion and one multiply-add by the rows' scales
+//! times the token's: sixteen rows' results in one register. `Q4_1`'s
+//! `m·d·Σq` is one more multiply-add. The AVX-512 VNNI back end is
+//! `x86_vnni_gemm`; [`tile_product_portable`] is the reference every back
+//! end matches to the bit (the same integer sums, the same f32 operations
+//! in the same order).
+//!
+//! [`matmul`] splits the rows' tiles over rayon's threads (as the rest of
+//! prefill); each thread packs its tile into its own buffer and runs it
+//! over every token, eight at a time.
+
+use super::blocks::{QFormat, QK};
+use super::planar::{self, RowForm};
+use std::cell::RefCell;
+
+/// Rows per tile: the lanes of one 512-bit register of i32.
+pub(crate) const TILE: usize = 16;
+/// Tokens the kernel runs over a tile's block at once.
+pub(crate) const TOKENS: usize = 8;
+
+/// A chunk's activations, each token's row quantized per block of 32 to the
+/// nearest of 255 levels (scale `max|x| / 127`, as [`super::blocks::Q8Act`]).
+#[derive(Debug, Default)]
+pub(crate) struct Acts {
+    /// Columns (a multiple of 32).
+    pub k: usize,
+    /// `[tokens, k]`.
+    pub q: Vec<i8>,
+    /// `[tokens, k / 32]`: the block's scale.
+    pub d: Vec<f32>,
+    /// `[tokens, k / 32]`: `-128·Σq`, where the block's i32 sums start.
+    pub start: Vec<i32>,
+    /// `[tokens, k / 32]`: `d·Σq` (for `Q4_1`'s offset).
+    pub ds: Vec<f32>,
+}
+
+impl Acts {
+    /// Quantizes `x` (`[tokens, k]`, row-major; `k` a multiple of 32).
+    pub(crate) fn quantize(x: &[f32], k: usize) -> Self {
+        assert!(k > 0 && k.is_multiple_of(QK) && x.len().is_multiple_of(k));
+        let blocks = x.len() / QK;
+        let mut a = Self {
+            k,
+            q: vec![0; x.len()],
+            d: Vec::with_capacity(blocks),
+            start: Vec::with_capacity(blocks),
+            ds: Vec::with_capacity(blocks),
+        };
+        for (xb, qb) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)) {
+            let d = super::blocks::quantize_block(xb, qb);
+            let sum: i32 = qb.iter().map(|&v| v as i32).sum();
+            a.d.push(d);
+            a.start.push(-128 * sum);
+            a.ds.push(d * sum as f32);
+        }
+        a
+    }
+
+    /// Quantizes the rows of `x` (`[tokens, n]`), each row's values taken
+    /// in `order` (positions `0..n` of it; `None`: as they lie) and zero
+    /// from `n` up to `k` (a multiple of 32, at least `n`).
+    pub(crate) fn quantize_gathered(x: &[f32], n: usize, order: Option<&[u32]>, k: usize) -> Self {
+        assert!(n > 0 && n <= k && k.is_multiple_of(QK) && x.len().is_multiple_of(n));
+        let tokens = x.len() / n;
+        let blocks = tokens * k / QK;
+        let mut a = Self {
+            k,
+            q: vec![0; tokens * k],
+            d: Vec::with_capacity(blocks),
+            start: Vec::with_capacity(blocks),
+            ds: Vec::with_capacity(blocks),
+        };
+        let mut xb = [0f32; QK];
+        for (row, qrow) in x.chunks_exact(n).zip(a.q.chunks_exact_mut(k)) {
+            for (b, qb) in qrow.chunks_exact_mut(QK).enumerate() {
+                for (j, v) in xb.iter_mut().enumerate() {
+                    let pos = b * QK + j;
+                    *v = match (pos < n, order) {
+                        (false, _) => 0.0,
+                        (true, Some(o)) => row[o[pos] as usize],
+                        (true, None) => row[pos],
+                    };
+                }
+                let d = super::blocks::quantize_block(&xb, qb);
+                let sum: i32 = qb.iter().map(|&v| v as i32).sum();
+                a.d.push(d);
+                a.start.push(-128 * sum);
+                a.ds.push(d * sum as f32);
+            }
+        }
+        a
+    }
+
+    pub(crate) fn tokens(&self) -> usize {
+        self.q.len() / self.k
+    }
+}
+
+/// Sixteen rows of a matrix, repacked for the kernel (see the module doc).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Tile {
+    /// Blocks per row.
+    pub blocks: usize,
+    /// Per block 512 bytes: for each group `g` of four weights (8 per
+    /// block), for each row, its weights `4g..4g + 4` as `c + 128`.
+    pub w: Vec<u8>,
+    /// `[blocks, 16]`: the rows' scales (0 for rows past the matrix).
+    pub d: Vec<f32>,
+    /// `[blocks, 16]`: `Q4_1`'s minimums; empty when no row has one.
+    pub m: Vec<f32>,
+}
+
+/// One ggml block's weights (its fields `f`) as unsigned bytes `c + 128`
+/// of their centred values `c` (`w = d·c + m`): simple loops over whole
+/// blocks, which the compiler vectorises.
+#[inline]
+fn unsigned(format: QFormat, f: &planar::Fields, u: &mut [u8; QK]) {
+    let (lo, hi) = u.split_at_mut(16);
+    let qs = f.qs;
+    match format {
+        QFormat::Q8_0 => {
+            for (ui, &q) in u.iter_mut().zip(qs) {
+                *ui = q ^ 0x80;
+            }
+        }
+        // `c = q - 8` (`Q4_0`) or `c = q` (`Q4_1`, with its minimum).
+        QFormat::Q4_0 | QFormat::Q4_1 => {
+            let off = if format == QFormat::Q4_0 { 120 } else { 128 };
+            for i in 0..16 {
+                lo[i] = (qs[i] & 0x0f) + off;
+                hi[i] = (qs[i] >> 4) + off;
+            }
+        }
+        // `c = q - 16`, the fifth bit of weight `i` in bit `i` of `qh`.
+        QFormat::Q5_0 => {
+            let qh = f.qh;
+            for i in 0..16 {
+                lo[i] = ((qs[i] & 0x0f) | ((qh >> i) as u8 & 1) << 4) + 112;
+                hi[i] = ((qs[i] >> 4) | ((qh >> (i + 16)) as u8 & 1) << 4) + 112;
+            }
+        }
+    }
+}
+
+/// Writes row `r`'s 32 unsigned weights `u` of a block into the block's
+/// 512 bytes `w`: each group of four at its place among the 16 rows'.
+#[inline]
+fn scatter(u: &[u8; QK], r: usize, w: &mut [u8]) {
+    for (g, four) in u.chunks_exact(4).enumerate() {
+        let at = (g * TILE + r) * 4;
+        w[at..at + 4].copy_from_slice(four);
+    }
+}
+
+impl Tile {
+    /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
+    /// `form`; the tile's other rows are zero.
+    pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
+        assert!(rows.len() <= TILE && k.is_multiple_of(QK));
+        let blocks = k / QK;
+        self.blocks = blocks;
+        self.w.clear();
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.clear();
+        self.d.resize(blocks * TILE, 0.0);
+        let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
+        self.m.clear();
+        self.m.resize(if any_min { blocks * TILE } else { 0 }, 0.0);
+        let mut u = [0u8; QK];
+        for (r, &(format, bytes)) in rows.iter().enumerate() {
+            let bb = format.block_bytes();
+            assert_eq!(
+                bytes.len(),
+                blocks * bb,
+                "a row of {k} weights in {format:?}"
+            );
+            for b in 0..blocks {
+                let f = planar::fields_at(format, form, bytes, blocks, b);
+                unsigned(format, &f, &mut u);
+                self.d[b * TILE + r] = f.d;
+                if any_min {
+                    self.m[b * TILE + r] = f.m;
+                }
+                scatter(&u, r, &mut self.w[b * QK * TILE..(b + 1) * QK * TILE]);
+            }
+        }
+    }
+}
+
+impl Tile {
+    /// Packs outputs `16·half..16·half + 16` of a block of 32 outputs
+    /// whose weights `vals[i · k + n]` (f32, output `i`'s `k` neurons
+    /// together) contract over the neurons: each output's weights rounded
+    /// to 8 bits per 32 neurons (scale `max / 127`, as the activations), so
+    /// a down projection, stored neuron by neuron, runs as a tile.
+    pub(crate) fn pack_columns(&mut self, vals: &[f32], half: usize, k: usize) {
+        assert!(k.is_multiple_of(QK) && vals.len() == k * QK && half < 2);
+        let blocks = k / QK;
+        self.blocks = blocks;
+        self.w.clear();
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.clear();
+        self.d.resize(blocks * TILE, 0.0);
+        self.m.clear();
+        let (mut q, mut u) = ([0i8; QK], [0u8; QK]);
+        for b in 0..blocks {
+            let w = &mut self.w[b * QK * TILE..(b + 1) * QK * TILE];
+            for r in 0..TILE {
+                let at = (half * TILE + r) * k + b * QK;
+                self.d[b * TILE + r] = super::blocks::quantize_block(&vals[at..at + QK], &mut q);
+                for (ui, &qi) in u.iter_mut().zip(&q) {
+                    *ui = qi as u8 ^ 0x80;
+                }
+                scatter(&u, r, w);
+            }
+        }
+    }
+}
+
+/// `out[t · stride + r] = Σ_b (d_r·d_t·Σ (c − 0)·q + m_r·d_t·Σq)` for the
+/// tile's 16 rows and tokens `t0..t0 + n` (`n ≤ TOKENS`): the reference.
+pub(crate) fn tile_product_portable(
+    tile: &Tile,
+    x: &Acts,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; TILE]; TOKENS],
+) {
+    let k = x.k;
+    for (t, o) in out.iter_mut().enumerate().take(n) {
+        let tok = t0 + t;
+        *o = [0.0; TILE];
+        for b in 0..tile.blocks {
+            let q = &x.q[tok * k + b * QK..tok * k + (b + 1) * QK];
+            let (da, start, ds) = (
+                x.d[tok * k / QK + b],
+                x.start[tok * k / QK + b],
+                x.ds[tok * k / QK + b],
+            );
+            let w = &tile.w[b * QK * TILE..(b + 1) * QK * TILE];
+            for (r, acc) in o.iter_mut().enumerate() {
+                let mut s = start;
+                for g in 0..QK / 4 {
+                    for j in 0..4 {
+                        s += w[(g * TILE + r) * 4 + j] as i32 * q[g * 4 + j] as i32;
+                    }
+                }
+                let f = s as f32 * tile.d[b * TILE + r];
+                *acc = f.mul_add(da, *acc);
+                if !tile.m.is_empty() {
+                    *acc = tile.m[b * TILE + r].mul_add(ds, *acc);
+                }
+            }
+        }
+    }
+}
+
+/// The tile's product for tokens `t0..t0 + n`, on the best back end.
+fn tile_product(tile: &Tile, x: &Acts, t0: usize, n: usize, out: &mut [[f32; TILE]; TOKENS]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_vnni_gemm::available() {
+        // SAFETY: the CPU has AVX-512 with VNNI (checked); the tile and the
+        // activations have the same blocks per row (checked by `matmul`),
+        // and `t0 + n` tokens exist.
+        return unsafe { super::x86_vnni_gemm::tile_product(tile, x, t0, n, out) };
+    }
+    tile_product_portable(tile, x, t0, n, out)
+}
+
+/// True when [`matmul`] is the faster way to run `tokens` tokens: it has a
+/// back end (AVX-512 VNNI) and more than one token (one is decode's: its
+/// row-dot kernels read each weight once without packing it). From 43
+/// tokens up (the benchmark's shortest prompt) packing is repaid:
+/// docs/BENCHMARKS.md, "Prefill against llama.cpp".
+pub(crate) fn pays(tokens: usize) -> bool {
+    available() && tokens > 1
+}
+
+/// True where [`matmul`] has a back end faster than dequantized rows and
+/// an f32 matmul (AVX-512 VNNI).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::x86_vnni_gemm::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A shared output written at disjoint indices by the tiles' threads.
+struct SharedOut(*mut f32, usize);
+// SAFETY: each tile writes only its own rows' elements (see `matmul`).
+unsafe impl Sync for SharedOut {}
+
+/// A matrix's row `r` as `(format, bytes)`.
+pub(crate) type RowOf<'r, 'a> = &'r (dyn Fn(usize) -> (QFormat, &'a [u8]) + Sync);
+
+/// `out = x · Wᵀ` for the `n` rows `row(r)` of `k` weights and every token
+/// of `x` (`out[t · n + r]`, a token's results together); the rows' tiles split over rayon's
+/// threads.
+pub(crate) fn matmul(n: usize, (row, form): (RowOf, RowForm), x: &Acts, out: &mut [f32]) {
+    run(n, (row, form), None, x, out)
+}
+
+/// `out = f(x · Gᵀ, x · Uᵀ)` elementwise, for two matrices of `n` rows
+/// (a SwiGLU's gate and up: `f` its activation), each tile of both packed
+/// and run together: one output, no transient product.
+pub(crate) fn matmul_pair(
+    n: usize,
+    (gate, up, form): (RowOf, RowOf, RowForm),
+    f: impl Fn(f32, f32) -> f32 + Sync,
+    x: &Acts,
+    out: &mut [f32],
+) {
+    run(n, (gate, form), Some((up, &f)), x, out)
+}
+
+type Combine<'r> = &'r (dyn Fn(f32, f32) -> f32 + Sync);
+
+thread_local! {
+    static TILES: RefCell<[Tile; 2]> = RefCell::new([Tile::default(), Tile::default()]);
+}
+
+fn run(
+    n: usize,
+    (row, form): (RowOf, RowForm),
+    pair: Option<(RowOf, Combine)>,
+    x: &Acts,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let tokens = x.tokens();
+    assert_eq!(out.len(), n * tokens, "matmul output size");
+    let shared = SharedOut(out.as_mut_ptr(), out.len());
+    (0..n.div_ceil(TILE)).into_par_iter().for_each(|ti| {
+        let shared = &shared;
+        TILES.with(|tiles| {
+            let mut tiles = tiles.borrow_mut();
+            let [a, b] = &mut *tiles;
+            let rows = ti * TILE..((ti + 1) * TILE).min(n);
+            let pack = |tile: &mut Tile, row: RowOf| {
+                let rows: Vec<(QFormat, &[u8])> = rows.clone().map(row).collect();
+                tile.pack(&rows, form, x.k);
+            };
+            pack(a, row);
+            if let Some((up, _)) = pair {
+                pack(b, up);
+            }
+            let (mut ra, mut rb) = ([[0f32; TILE]; TOKENS], [[0f32; TILE]; TOKENS]);
+            for t0 in (0..tokens).step_by(TOKENS) {
+                let m = TOKENS.min(tokens - t0);
+                tile_product(a, x, t0, m, &mut ra);
+                if pair.is_some() {
+                    tile_product(b, x, t0, m, &mut rb);
+                }
+                for t in 0..m {
+                    for (j, r) in rows.clone().enumerate() {
+                        let v = match pair {
+                            Some((_, f)) => f(ra[t][j], rb[t][j]),
+                            None => ra[t][j],
+                        };
+                        let i = (t0 + t) * n + r;
+                        debug_assert!(i < shared.1);
+                        // SAFETY: `i < n · tokens`, the output's length;
+                        // only this tile writes its rows' elements.
+                        unsafe { *shared.0.add(i) = v };
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// `out[t · h + o] = Σ_n x_t[n] · w(n, o)` (`[tokens, h]`) for weights
+/// stored neuron by neuron (a down projection: `x`'s columns are the
+/// neurons, `x.k` of them, zero past the last): `block(b, vals)` fills
+/// `vals[i · k + n]` with neuron `n`'s weight of output `32b + i`. Blocks
+/// of 32 outputs split over rayon's threads; each thread fills its block,
+/// packs it as two tiles ([`Tile::pack_columns`]) and runs every token.
+pub(crate) fn matmul_columns(
+    h: usize,
+    block: &(dyn Fn(usize, &mut [f32]) + Sync),
+    x: &Acts,
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let (tokens, k) = (x.tokens(), x.k);
+    assert!(
+        h.is_multiple_of(QK) && out.len() == h * tokens,
+        "matmul_columns output size"
+    );
+    let shared = SharedOut(out.as_mut_ptr(), out.len());
+    (0..h / QK).into_par_iter().for_each(|b| {
+        let shared = &shared;
+        COLUMNS.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let (vals, tile) = &mut *buf;
+            vals.clear();
+            vals.resize(k * QK, 0.0);
+            block(b, vals);
+            let mut res = [[0f32; TILE]; TOKENS];
+            for half in 0..2 {
+                tile.pack_columns(vals, half, k);
+                for t0 in (0..tokens).step_by(TOKENS) {
+                    let m = TOKENS.min(tokens - t0);
+                    tile_product(tile, x, t0, m, &mut res);
+                    for (t, vals) in res.iter().enumerate().take(m) {
+                        let at = (t0 + t) * h + b * QK + half * TILE;
+                        debug_assert!(at + TILE <= shared.1);
+                        // SAFETY: within the output (`at + 16 ≤ h · tokens`);
+                        // only this block writes outputs `32b..32b + 32`.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(vals.as_ptr(), shared.0.add(at), TILE)
+                        };
+                    }
+                }
+            }
+        });
+    });
+}
+
+thread_local! {
+    static COLUMNS: RefCell<(Vec<f32>, Tile)> = RefCell::new((Vec::new(), Tile::default()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_data::{data, plain_dequantize, quantize_rows, ALL};
+
+    /// `n` rows of `k` weights in `format`, their dequantized values, and
+    /// `tokens` activations.
+    fn case(
+        format: QFormat,
+        n: usize,
+        k: usize,
+        tokens: usize,
+        seed: u32,
+    ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let w = data(n * k, seed);
+        let q = quantize_rows(&w, k, format);
+        let deq: Vec<f32> = q
+            .chunks_exact(format.row_bytes(k))
+            .flat_map(|r| plain_dequantize(format, r))
+            .collect();
+        let x = data(tokens * k, seed + 7).iter().map(|v| v * 3.0).collect();
+        (q, deq, x)
+    }
+
+    #[test]
+    fn tiles_match_an_f32_product_on_odd_shapes() {
+        // Rows and tokens not multiples of the tile's; every format.
+        for (fi, &f) in ALL.iter().enumerate() {
+            for (n, k, tokens) in [(1, 32, 1), (17, 96, 9), (35, 256, 13)] {
+                let (q, deq, x) = case(f, n, k, tokens, 3 + fi as u32);
+                let rb = f.row_bytes(k);
+                let acts = Acts::quantize(&x, k);
+                {
+                    let mut out = vec![f32::NAN; n * tokens];
+                    let row = |r: usize| (f, &q[r * rb..(r + 1) * rb]);
+                    matmul(n, (&row, RowForm::Blocks), &acts, &mut out);
+                    for t in 0..tokens {
+                        for r in 0..n {
+                            let exact: f32 = (0..k).map(|i| deq[r * k + i] * x[t * k + i]).sum();
+                            let scale: f32 =
+                                (0..k).map(|i| (deq[r * k + i] * x[t * k + i]).abs()).sum();
+                            let got = out[t * n + r];
+                            // 8-bit activations: within 1 % of Σ|w·x|.
+                            assert!(
+                                (got - exact).abs() <= 0.01 * scale + 1e-5,
+                                "{f:?} n {n} k {k} row {r} token {t}: {got} vs {exact} (Σ|wx| {scale})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn back_ends_match_the_portable_kernel_to_the_bit() {
+        let (n, k, tokens) = (16, 160, TOKENS);
+        for (fi, &f) in ALL.iter().enumerate() {
+            let (q, _, x) = case(f, n, k, tokens, 11 + fi as u32);
+            let rb = f.row_bytes(k);
+            // A tile mixing the format with Q4_1 rows (the minimum's term).
+            let (q1, _, _) = case(QFormat::Q4_1, n, k, 1, 5);
+            let rb1 = QFormat::Q4_1.row_bytes(k);
+            let rows: Vec<(QFormat, &[u8])> = (0..n)
+                .map(|r| match r % 3 {
+                    0 => (QFormat::Q4_1, &q1[r * rb1..(r + 1) * rb1]),
+                    _ => (f, &q[r * rb..(r + 1) * rb]),
+                })
+                .collect();
+            let mut tile = Tile::default();
+            tile.pack(&rows, RowForm::Blocks, k);
+            let acts = Acts::quantize(&x, k);
+            for m in [1, 3, TOKENS] {
+                let (mut a, mut b) = ([[0f32; TILE]; TOKENS], [[0f32; TILE]; TOKENS]);
+                tile_product_portable(&tile, &acts, 0, m, &mut a);
+                tile_product(&tile, &acts, 0, m, &mut b);
+                for t in 0..m {
+                    for r in 0..TILE {
+                        assert_eq!(
+                            a[t][r].to_bits(),
+                            b[t][r].to_bits(),
+                            "{f:?} m {m} token {t} row {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_pair_is_its_two_products_combined_and_planar_rows_are_their_blocks() {
+        let (n, k, tokens) = (21, 128, 10);
+        for f in ALL {
+            let (g, _, x) = case(f, n, k, tokens, 1);
+            let (u, _, _) = case(f, n, k, tokens, 2);
+            let rb = f.row_bytes(k);
+            let acts = Acts::quantize(&x, k);
+            let (gr, ur) = (
+                |r: usize| (f, &g[r * rb..(r + 1) * rb]),
+                |r: usize| (f, &u[r * rb..(r + 1) * rb]),
+            );
+            let (mut go, mut uo, mut pair) = (
+                vec![0.0; n * tokens],
+                vec![0.0; n * tokens],
+                vec![0.0; n * tokens],
+            );
+            matmul(n, (&gr, RowForm::Blocks), &acts, &mut go);
+            matmul(n, (&ur, RowForm::Blocks), &acts, &mut uo);
+            let comb = |a: f32, b: f32| a * 2.0 - b;
+            matmul_pair(n, (&gr, &ur, RowForm::Blocks), comb, &acts, &mut pair);
+            for i in 0..n * tokens {
+                assert_eq!(pair[i].to_bits(), comb(go[i], uo[i]).to_bits(), "{f:?} {i}");
+            }
+            // The same rows planar give the same products.
+            let mut gp = g.clone();
+            planar::make_planar(f, k, &mut gp);
+            let gpr = |r: usize| (f, &gp[r * rb..(r + 1) * rb]);
+            let mut po = vec![0.0; n * tokens];
+            matmul(n, (&gpr, RowForm::Planar), &acts, &mut po);
+            assert!(
+                po.iter().zip(&go).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{f:?} planar"
+            );
+        }
+    }
+
+    #[test]
+    fn columns_match_an_f32_product_on_odd_shapes() {
+        // `n` neurons (not a multiple of 32: zero-padded), `h` outputs.
+        for (n, h, tokens) in [(5usize, 32, 1), (45, 64, 11), (100, 96, 17)] {
+            let k = n.next_multiple_of(QK);
+            let w = data(n * h, 9); // neuron-major [n, h]
+            let a: Vec<f32> = data(tokens * n, 4)
+                .iter()
+                .map(|v| v.max(0.0) * 2.0)
+                .collect();
+            let mut padded = vec![0f32; tokens * k];
+            for t in 0..tokens {
+                padded[t * k..t * k + n].copy_from_slice(&a[t * n..(t + 1) * n]);
+            }
+            let acts = Acts::quantize(&padded, k);
+            let block = |b: usize, vals: &mut [f32]| {
+                for j in 0..n {
+                    for i in 0..QK {
+                        vals[i * k + j] = w[j * h + b * QK + i];
+                    }
+                }
+            };
+            let mut out = vec![f32::NAN; tokens * h];
+            matmul_columns(h, &block, &acts, &mut out);
+            for t in 0..tokens {
+                for o in 0..h {
+                    let (at, wo) = (&a[t * n..(t + 1) * n], |j: usize| w[j * h + o]);
+                    let exact: f32 = (0..n).map(|j| at[j] * wo(j)).sum();
+                    // Each side rounded to 8 bits against its largest: a
+                    // half step of each, times the other side's sum.
+                    let amax = at.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let wmax = (0..n).fold(0f32, |m, j| m.max(wo(j).abs()));
+                    let (sa, sw) = (
+                        at.iter().map(|v| v.abs()).sum::<f32>(),
+                        (0..n).map(|j| wo(j).abs()).sum::<f32>(),
+                    );
+                    let bound = 1.05
+                        * (amax / 254.0 * sw
+                            + wmax / 254.0 * sa
+                            + amax * wmax / 254.0 / 254.0 * n as f32)
+                        + 1e-5;
+                    let got = out[t * h + o];
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "n {n} h {h} token {t} output {o}: {got} vs {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
