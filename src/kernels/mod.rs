@@ -41,6 +41,7 @@ pub mod quant;
 pub mod quant_mlp;
 mod rope;
 pub mod spin_pool;
+mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

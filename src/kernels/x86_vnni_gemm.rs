@@ -5,7 +5,7 @@
 //! [`super::gemm_q::tile_product_portable`]'s to the bit.
 
 use super::blocks::QK;
-use super::gemm_q::{Acts, Tile, TILE, TOKENS};
+use super::tiles::{Acts, Tile, TILE, TOKENS};
 use std::arch::x86_64::*;
 
 pub(crate) use super::cpu_features::avx512_vnni as available;

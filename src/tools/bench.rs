@@ -191,7 +191,7 @@ pub(crate) struct BenchOptions {
 /// Reads a prompt-ids file: a JSON list of token-id lists (the
 /// `prompt_token_ids` of a bench report; what
 /// `scripts/reference/bench_llamacpp.py --token-ids` reads), none empty.
-pub fn read_prompt_ids(path: &Path) -> Result<Vec<Vec<u32>>> {
+fn read_prompt_ids(path: &Path) -> Result<Vec<Vec<u32>>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("prompt ids file {}", path.display()))?;
     let ids: Vec<Vec<u32>> = serde_json::from_str(&text).with_context(|| {
@@ -216,8 +216,9 @@ pub fn run_spec(
     engine: BenchEngine,
     new_tokens: usize,
     measure_bandwidth: bool,
-    prompt_ids: Option<Vec<Vec<u32>>>,
+    prompt_ids: Option<&Path>,
 ) -> Result<BenchReport> {
+    let prompt_ids = prompt_ids.map(read_prompt_ids).transpose()?;
     let codec = TextCodec::from_model_dir(&spec.model)?;
     let (spec, _) = spec.planned()?;
     drop(codec);

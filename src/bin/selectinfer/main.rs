@@ -10,13 +10,10 @@ mod tune_cmd;
 use anyhow::{bail, Result};
 use clap::{CommandFactory, FromArgMatches};
 use cli::{Cli, Command};
-use selectinfer::engine::conversation;
-use selectinfer::engine::Grammar;
-use selectinfer::engine::{GenerateOptions, Generator, Sampling};
+use selectinfer::engine::{conversation, GenerateOptions, Generator, Grammar, Sampling};
 use selectinfer::store::home::{self, Missing};
 use selectinfer::store::{prepare, preset, quantize};
-use selectinfer::sys::device::Quant;
-use selectinfer::sys::device::WeightDtype;
+use selectinfer::sys::device::{Quant, WeightDtype};
 use selectinfer::tools::bench::{self, BenchEngine};
 use selectinfer::tools::{eval, fidelity, gguf, hotswap, parity, synth};
 use std::io::Write;
@@ -223,10 +220,7 @@ fn run(mut cli: Cli, given: &clap::ArgMatches) -> Result<()> {
             prompt_ids,
             json,
         } => {
-            let prompts = prompt_ids
-                .as_deref()
-                .map(bench::read_prompt_ids)
-                .transpose()?;
+            let prompts = prompt_ids.as_deref();
             let report = bench::run_spec(&model.spec(), engine, new_tokens, bandwidth, prompts)?;
             match json {
                 true => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -1,0 +1,213 @@
+//! The tiles of prefill's quantized matrix product ([`super::gemm_q`]):
+//! a chunk's activations quantized to 8 bits ([`Acts`]) and sixteen rows of
+//! a matrix repacked as unsigned bytes, four consecutive weights of each
+//! row in one 32-bit lane ([`Tile`], from ggml blocks or, for a down
+//! projection, from f32 weights rounded per 32 neurons). The product's
+//! back ends read these; nothing here depends on them.
+
+use super::blocks::{QFormat, QK};
+use super::planar::{self, RowForm};
+
+/// Rows per tile: the lanes of one 512-bit register of i32.
+pub(crate) const TILE: usize = 16;
+/// Tokens the kernel runs over a tile's block at once.
+pub(crate) const TOKENS: usize = 8;
+
+/// A chunk's activations, each token's row quantized per block of 32 to the
+/// nearest of 255 levels (scale `max|x| / 127`, as [`super::blocks::Q8Act`]).
+#[derive(Debug, Default)]
+pub(crate) struct Acts {
+    /// Columns (a multiple of 32).
+    pub k: usize,
+    /// `[tokens, k]`.
+    pub q: Vec<i8>,
+    /// `[tokens, k / 32]`: the block's scale.
+    pub d: Vec<f32>,
+    /// `[tokens, k / 32]`: `-128·Σq`, where the block's i32 sums start.
+    pub start: Vec<i32>,
+    /// `[tokens, k / 32]`: `d·Σq` (for `Q4_1`'s offset).
+    pub ds: Vec<f32>,
+}
+
+impl Acts {
+    /// Quantizes `x` (`[tokens, k]`, row-major; `k` a multiple of 32).
+    pub(crate) fn quantize(x: &[f32], k: usize) -> Self {
+        assert!(k > 0 && k.is_multiple_of(QK) && x.len().is_multiple_of(k));
+        let blocks = x.len() / QK;
+        let mut a = Self {
+            k,
+            q: vec![0; x.len()],
+            d: Vec::with_capacity(blocks),
+            start: Vec::with_capacity(blocks),
+            ds: Vec::with_capacity(blocks),
+        };
+        for (xb, qb) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)) {
+            let d = super::blocks::quantize_block(xb, qb);
+            let sum: i32 = qb.iter().map(|&v| v as i32).sum();
+            a.d.push(d);
+            a.start.push(-128 * sum);
+            a.ds.push(d * sum as f32);
+        }
+        a
+    }
+
+    /// Quantizes the rows of `x` (`[tokens, n]`), each row's values taken
+    /// in `order` (positions `0..n` of it; `None`: as they lie) and zero
+    /// from `n` up to `k` (a multiple of 32, at least `n`).
+    pub(crate) fn quantize_gathered(x: &[f32], n: usize, order: Option<&[u32]>, k: usize) -> Self {
+        assert!(n > 0 && n <= k && k.is_multiple_of(QK) && x.len().is_multiple_of(n));
+        let tokens = x.len() / n;
+        let blocks = tokens * k / QK;
+        let mut a = Self {
+            k,
+            q: vec![0; tokens * k],
+            d: Vec::with_capacity(blocks),
+            start: Vec::with_capacity(blocks),
+            ds: Vec::with_capacity(blocks),
+        };
+        let mut xb = [0f32; QK];
+        for (row, qrow) in x.chunks_exact(n).zip(a.q.chunks_exact_mut(k)) {
+            for (b, qb) in qrow.chunks_exact_mut(QK).enumerate() {
+                for (j, v) in xb.iter_mut().enumerate() {
+                    let pos = b * QK + j;
+                    *v = match (pos < n, order) {
+                        (false, _) => 0.0,
+                        (true, Some(o)) => row[o[pos] as usize],
+                        (true, None) => row[pos],
+                    };
+                }
+                let d = super::blocks::quantize_block(&xb, qb);
+                let sum: i32 = qb.iter().map(|&v| v as i32).sum();
+                a.d.push(d);
+                a.start.push(-128 * sum);
+                a.ds.push(d * sum as f32);
+            }
+        }
+        a
+    }
+
+    pub(crate) fn tokens(&self) -> usize {
+        self.q.len() / self.k
+    }
+}
+
+/// Sixteen rows of a matrix, repacked for the kernel (see `super::gemm_q`).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Tile {
+    /// Blocks per row.
+    pub blocks: usize,
+    /// Per block 512 bytes: for each group `g` of four weights (8 per
+    /// block), for each row, its weights `4g..4g + 4` as `c + 128`.
+    pub w: Vec<u8>,
+    /// `[blocks, 16]`: the rows' scales (0 for rows past the matrix).
+    pub d: Vec<f32>,
+    /// `[blocks, 16]`: `Q4_1`'s minimums; empty when no row has one.
+    pub m: Vec<f32>,
+}
+
+/// One ggml block's weights (its fields `f`) as unsigned bytes `c + 128`
+/// of their centred values `c` (`w = d·c + m`): simple loops over whole
+/// blocks, which the compiler vectorises.
+#[inline]
+fn unsigned(format: QFormat, f: &planar::Fields, u: &mut [u8; QK]) {
+    let (lo, hi) = u.split_at_mut(16);
+    let qs = f.qs;
+    match format {
+        QFormat::Q8_0 => {
+            for (ui, &q) in u.iter_mut().zip(qs) {
+                *ui = q ^ 0x80;
+            }
+        }
+        // `c = q - 8` (`Q4_0`) or `c = q` (`Q4_1`, with its minimum).
+        QFormat::Q4_0 | QFormat::Q4_1 => {
+            let off = if format == QFormat::Q4_0 { 120 } else { 128 };
+            for i in 0..16 {
+                lo[i] = (qs[i] & 0x0f) + off;
+                hi[i] = (qs[i] >> 4) + off;
+            }
+        }
+        // `c = q - 16`, the fifth bit of weight `i` in bit `i` of `qh`.
+        QFormat::Q5_0 => {
+            let qh = f.qh;
+            for i in 0..16 {
+                lo[i] = ((qs[i] & 0x0f) | ((qh >> i) as u8 & 1) << 4) + 112;
+                hi[i] = ((qs[i] >> 4) | ((qh >> (i + 16)) as u8 & 1) << 4) + 112;
+            }
+        }
+    }
+}
+
+/// Writes row `r`'s 32 unsigned weights `u` of a block into the block's
+/// 512 bytes `w`: each group of four at its place among the 16 rows'.
+#[inline]
+fn scatter(u: &[u8; QK], r: usize, w: &mut [u8]) {
+    for (g, four) in u.chunks_exact(4).enumerate() {
+        let at = (g * TILE + r) * 4;
+        w[at..at + 4].copy_from_slice(four);
+    }
+}
+
+impl Tile {
+    /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
+    /// `form`; the tile's other rows are zero.
+    pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
+        assert!(rows.len() <= TILE && k.is_multiple_of(QK));
+        let blocks = k / QK;
+        self.blocks = blocks;
+        self.w.clear();
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.clear();
+        self.d.resize(blocks * TILE, 0.0);
+        let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
+        self.m.clear();
+        self.m.resize(if any_min { blocks * TILE } else { 0 }, 0.0);
+        let mut u = [0u8; QK];
+        for (r, &(format, bytes)) in rows.iter().enumerate() {
+            let bb = format.block_bytes();
+            assert_eq!(
+                bytes.len(),
+                blocks * bb,
+                "a row of {k} weights in {format:?}"
+            );
+            for b in 0..blocks {
+                let f = planar::fields_at(format, form, bytes, blocks, b);
+                unsigned(format, &f, &mut u);
+                self.d[b * TILE + r] = f.d;
+                if any_min {
+                    self.m[b * TILE + r] = f.m;
+                }
+                scatter(&u, r, &mut self.w[b * QK * TILE..(b + 1) * QK * TILE]);
+            }
+        }
+    }
+}
+
+impl Tile {
+    /// Packs outputs `16·half..16·half + 16` of a block of 32 outputs
+    /// whose weights `vals[i · k + n]` (f32, output `i`'s `k` neurons
+    /// together) contract over the neurons: each output's weights rounded
+    /// to 8 bits per 32 neurons (scale `max / 127`, as the activations), so
+    /// a down projection, stored neuron by neuron, runs as a tile.
+    pub(crate) fn pack_columns(&mut self, vals: &[f32], half: usize, k: usize) {
+        assert!(k.is_multiple_of(QK) && vals.len() == k * QK && half < 2);
+        let blocks = k / QK;
+        self.blocks = blocks;
+        self.w.clear();
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.clear();
+        self.d.resize(blocks * TILE, 0.0);
+        self.m.clear();
+        let (mut q, mut u) = ([0i8; QK], [0u8; QK]);
+        for b in 0..blocks {
+            let w = &mut self.w[b * QK * TILE..(b + 1) * QK * TILE];
+            for r in 0..TILE {
+                let at = (half * TILE + r) * k + b * QK;
+                self.d[b * TILE + r] = super::blocks::quantize_block(&vals[at..at + QK], &mut q);
+                for (ui, &qi) in u.iter_mut().zip(&q) {
+                    *ui = qi as u8 ^ 0x80;
+                }
+                scatter(&u, r, w);
+            }
+        }
+    }
+}
