@@ -1,10 +1,12 @@
-//! CPU kernels for the single-token (decode) path (layer 1), split by op
-//! (as ggml-cpu does): [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
+//! CPU kernels (layer 1), split by op (as ggml-cpu does): for the
+//! single-token (decode) path [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
 //! attention and row gathers, and the [`quant`]ized-row (ggml block)
 //! forms of the products (rows of whole blocks or [`planar`]; the bundled
-//! MLP in [`quant_mlp`]), and the one polynomial [`exp`](mod@exp); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
+//! MLP in [`quant_mlp`]), and the one polynomial [`exp`](mod@exp); for
+//! prefill the tiled 8-bit products ([`gemm_q`], tiles in `tiles`) and the
+//! blocked causal attention (`prefill_attention`); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
 //! `x86_vnni`: AVX-512 VNNI for the quantized rows, `x86_vnni_planar` for
-//! planar ones;
+//! planar ones, `x86_vnni_gemm` for the tiles;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
 //! [`spin_pool`] beside them. This file holds the bridges from candle
 //! tensors to the slices the kernels take.
