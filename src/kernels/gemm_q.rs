@@ -234,6 +234,7 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::planar;
     use crate::kernels::test_data::{data, plain_dequantize, quantize_rows, ALL};
 
     /// `n` rows of `k` weights in `format`, their dequantized values, and
