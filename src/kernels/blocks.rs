@@ -99,7 +99,7 @@ pub struct Q8Act {
 /// vectorises; `f32::round` is a libm call per value, which made the
 /// activations' quantization 1–2 % of a Qwen q4 decode step's samples, all
 /// of it on one thread between the parallel kernels.
-const ROUND: f32 = 12_582_912.0;
+pub(crate) const ROUND: f32 = 12_582_912.0;
 
 /// Quantizes one block `xb` into `qb` (the nearest of 255 levels, ties to
 /// even) and returns its scale `max|x| / 127`.

@@ -9,7 +9,6 @@
 //! multiplied by [`crate::kernels::gemm`]).
 
 use crate::kernels::gemm::{self, Out, Rhs, View};
-use crate::kernels::gemm_q;
 use crate::kernels::planar::{self, RowForm};
 use crate::kernels::quant::{self, Q8Act, QFormat};
 use anyhow::{bail, Context, Result};
@@ -179,22 +178,10 @@ impl QMatrix {
         let m = x.dim(0)?;
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
         let mut out = vec![0f32; m * n];
-        if gemm_q::pays(m) {
-            // 8-bit activations, sixteen rows over eight tokens at a time.
-            let acts = gemm_q::Acts::quantize(&xs, k);
-            let spans: Vec<_> = self.spans().collect();
-            let row = |r: usize| {
-                let (f, rows, data) = spans
-                    .iter()
-                    .find(|s| s.1.contains(&r))
-                    .expect("a row of the matrix");
-                let rb = f.row_bytes(k);
-                (*f, &data[(r - rows.start) * rb..(r - rows.start + 1) * rb])
-            };
-            let rows = (&row as gemm_q::RowOf, self.form);
-            gemm_q::matmul(n, rows, &acts, &mut out);
-            return Ok(Tensor::from_vec(out, (m, n), x.device())?);
-        }
+        // f32 activations here, not `gemm_q`'s 8-bit ones: on the attention
+        // projections those doubled SmolLM2 q4's KL to f32 (0.0056 against
+        // 0.0030, tools::tests::quantized; docs/EXPERIMENTS.md, "Prefill on
+        // tiled 8-bit products").
         let step = chunk_rows(k);
         gemm::with_scratch(step.min(n) * k, |buf| {
             for r0 in (0..n).step_by(step) {
