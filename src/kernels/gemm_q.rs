@@ -184,8 +184,7 @@ fn run(
 /// neurons, `x.k` of them, zero past the last): `block(b, vals)` fills
 /// `vals[i · k + n]` with neuron `n`'s weight of output `32b + i`. Blocks
 /// of 32 outputs split over rayon's threads; each thread fills its block,
-/// packs it as two pairs of tiles ([`Tile::pack_columns`]: the rounded
-/// weights and what the rounding left) and runs every token.
+/// packs it as two tiles ([`Tile::pack_columns`]) and runs every token.
 pub(crate) fn matmul_columns(
     h: usize,
     block: &(dyn Fn(usize, &mut [f32]) + Sync),
@@ -203,20 +202,16 @@ pub(crate) fn matmul_columns(
         let shared = &shared;
         COLUMNS.with(|buf| {
             let mut buf = buf.borrow_mut();
-            let (vals, tile, rest) = &mut *buf;
+            let (vals, tile) = &mut *buf;
             vals.clear();
             vals.resize(k * QK, 0.0);
             block(b, vals);
-            let (mut res, mut more) = ([[0f32; TILE]; TOKENS], [[0f32; TILE]; TOKENS]);
+            let mut res = [[0f32; TILE]; TOKENS];
             for half in 0..2 {
-                tile.pack_columns(rest, vals, half, k);
+                tile.pack_columns(vals, half, k);
                 for t0 in (0..tokens).step_by(TOKENS) {
                     let m = TOKENS.min(tokens - t0);
                     tile_product(tile, x, t0, m, &mut res);
-                    tile_product(rest, x, t0, m, &mut more);
-                    for (a, b) in res.iter_mut().zip(&more) {
-                        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                    }
                     for (t, vals) in res.iter().enumerate().take(m) {
                         let at = (t0 + t) * h + b * QK + half * TILE;
                         debug_assert!(at + TILE <= shared.1);
@@ -233,8 +228,7 @@ pub(crate) fn matmul_columns(
 }
 
 thread_local! {
-    static COLUMNS: RefCell<(Vec<f32>, Tile, Tile)> =
-        RefCell::new((Vec::new(), Tile::default(), Tile::default()));
+    static COLUMNS: RefCell<(Vec<f32>, Tile)> = RefCell::new((Vec::new(), Tile::default()));
 }
 
 #[cfg(test)]

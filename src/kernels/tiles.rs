@@ -5,7 +5,7 @@
 //! projection, from f32 weights rounded per 32 neurons). The product's
 //! back ends read these; nothing here depends on them.
 
-use super::blocks::{QFormat, QK, ROUND};
+use super::blocks::{QFormat, QK};
 use super::planar::{self, RowForm};
 
 /// Rows per tile: the lanes of one 512-bit register of i32.
@@ -188,49 +188,25 @@ impl Tile {
     /// together) contract over the neurons: each output's weights rounded
     /// to 8 bits per 32 neurons (scale `max / 127`, as the activations), so
     /// a down projection, stored neuron by neuron, runs as a tile.
-    ///
-    /// `rest` gets what that rounding left, rounded to 8 bits against half
-    /// a step (`scale / 254`): the two tiles' products summed carry the
-    /// weights to within 1/508 of a step, so the down projection's only
-    /// coarse rounding is its activations', as in llama.cpp (one tile
-    /// alone doubled SmolLM2 q4's KL to f32: docs/EXPERIMENTS.md).
-    pub(crate) fn pack_columns(&mut self, rest: &mut Tile, vals: &[f32], half: usize, k: usize) {
+    pub(crate) fn pack_columns(&mut self, vals: &[f32], half: usize, k: usize) {
         assert!(k.is_multiple_of(QK) && vals.len() == k * QK && half < 2);
         let blocks = k / QK;
-        for t in [&mut *self, &mut *rest] {
-            t.blocks = blocks;
-            t.w.clear();
-            t.w.resize(blocks * QK * TILE, 128);
-            t.d.clear();
-            t.d.resize(blocks * TILE, 0.0);
-            t.m.clear();
-        }
-        let (mut q, mut u, mut left) = ([0i8; QK], [0u8; QK], [0f32; QK]);
+        self.blocks = blocks;
+        self.w.clear();
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.clear();
+        self.d.resize(blocks * TILE, 0.0);
+        self.m.clear();
+        let (mut q, mut u) = ([0i8; QK], [0u8; QK]);
         for b in 0..blocks {
-            let (w, wr) = (
-                &mut self.w[b * QK * TILE..(b + 1) * QK * TILE],
-                &mut rest.w[b * QK * TILE..(b + 1) * QK * TILE],
-            );
+            let w = &mut self.w[b * QK * TILE..(b + 1) * QK * TILE];
             for r in 0..TILE {
                 let at = (half * TILE + r) * k + b * QK;
-                let col = &vals[at..at + QK];
-                let d = super::blocks::quantize_block(col, &mut q);
-                self.d[b * TILE + r] = d;
-                for (i, l) in left.iter_mut().enumerate() {
-                    *l = col[i] - d * q[i] as f32;
-                    u[i] = q[i] as u8 ^ 0x80;
+                self.d[b * TILE + r] = super::blocks::quantize_block(&vals[at..at + QK], &mut q);
+                for (ui, &qi) in u.iter_mut().zip(&q) {
+                    *ui = qi as u8 ^ 0x80;
                 }
                 scatter(&u, r, w);
-                // The remainder against a fixed half step: |left| ≤ d / 2.
-                let dr = d / 254.0;
-                let id = if dr > 0.0 { 1.0 / dr } else { 0.0 };
-                rest.d[b * TILE + r] = dr;
-                for (ui, &l) in u.iter_mut().zip(&left) {
-                    // Nearest, ties to even, as `quantize_block` rounds.
-                    let v = ((l * id + ROUND) - ROUND).clamp(-127.0, 127.0);
-                    *ui = (v as i8) as u8 ^ 0x80;
-                }
-                scatter(&u, r, wr);
             }
         }
     }

@@ -195,10 +195,10 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
     // boundary moves the logits: decode logits of two back ends differ by
     // KL ~0.001 on these 39 positions (the dev-prompt fidelity runs of
     // docs/BENCHMARKS.md average over ~1,900 positions).
-    // Prefill's products on 8-bit activations (`kernels::gemm_q`, as
+    // Prefill's FFN products on 8-bit activations (`kernels::gemm_q`, as
     // llama.cpp's and candle's GGUF model's), down_proj's included, where
-    // the f32 prefill had f32 ones: q4 0.0030–0.0035 → 0.0038, q8
-    // 0.0036–0.0044 → 0.0047 on AVX-512 VNNI (2026-12-07), top-1 0.974 both.
+    // the f32 prefill had f32 ones there: q4 0.0030–0.0035 → 0.0040 (top-1
+    // 0.974), q8 0.0036–0.0044 → 0.0041 (1.000) on AVX-512 VNNI, 2026-12-07.
     assert!(
         mean(1) <= 1.7 * mean(2),
         "q4's KL {} is above the GGUF model's {}",
