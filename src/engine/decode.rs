@@ -133,9 +133,9 @@ pub struct CallGate {
     /// At the first token, with text allowed: no call below this share
     /// (0 = never refused).
     pub min_call_p: f32,
-    /// At the name of a call the answer opens with, text allowed: below
-    /// this share the call is taken back and the answer starts again as
-    /// text (0 = never).
+    /// At the name of the answer's first call, text allowed: below this
+    /// share the call is taken back and the answer goes on in text from
+    /// where the call opened (0 = never).
     pub min_name_p: f32,
     /// After the first call, with several allowed: a second at or above
     /// this share, else the end (above 1 = never forced).
@@ -166,13 +166,19 @@ impl CallGate {
         })
     }
 
-    /// Whether `token` opens a call where an answer starts.
-    fn opens(&self, token: usize, vocab: &Grammars) -> bool {
+    /// Whether `token` opens a call: where the answer starts, any token a
+    /// call's JSON or its fence or marker may start with; after text, the
+    /// marker or a token holding `<` or a backtick (text holds neither).
+    fn opens(&self, token: usize, at_start: bool, vocab: &Grammars) -> bool {
         Some(token as u32) == self.open
-            || matches!(
-                vocab.first_bytes().get(token),
-                Some(b'<' | b'`' | b'{' | b'[' | b' ' | b'\t' | b'\n' | b'\r')
-            )
+            || if at_start {
+                matches!(
+                    vocab.first_bytes().get(token),
+                    Some(b'<' | b'`' | b'{' | b'[' | b' ' | b'\t' | b'\n' | b'\r')
+                )
+            } else {
+                vocab.call_bytes().get(token) == Some(&true)
+            }
     }
 
     /// The share of the softmax of `raw` logits on the tokens `masked`
@@ -210,7 +216,6 @@ impl CallGate {
         stop_ids: &[u32],
         no_calls: &mut bool,
     ) {
-        let call_bytes = vocab.call_bytes();
         // Sets the tokens `drop` picks to -inf, unless that leaves none.
         let forbid = |logits: &mut [f32], drop: &dyn Fn(usize) -> bool| {
             let kept = logits
@@ -247,12 +252,12 @@ impl CallGate {
         if *no_calls {
             // After text a call opens with the marker or a fence (text
             // itself holds no `<` or backtick).
-            let opens = |i: usize| Some(i as u32) == self.open || call_bytes.get(i) == Some(&true);
+            let opens = |i: usize| self.opens(i, false, vocab);
             forbid(logits, &opens);
             return;
         }
         if text.is_empty() {
-            let opens = |i: usize| self.opens(i, vocab);
+            let opens = |i: usize| self.opens(i, true, vocab);
             let text_allowed = (0..logits.len()).any(|i| finite(i) && !opens(i));
             if !text_allowed {
                 return;
@@ -306,24 +311,35 @@ pub(crate) trait Steps {
     }
     /// Feeds one generated token; returns the next logits.
     fn step(&mut self, token: u32) -> Result<Tensor>;
-    /// Forgets every generated token, back to the end of the prompt
-    /// (`prompt_len` positions), so the answer can start again; false
+    /// Forgets every position from `len` on (the prompt and the answer's
+    /// tokens before a call), so the answer can go on from there; false
     /// where these steps cannot (the answer then stands).
-    fn rewind(&mut self, _prompt_len: usize) -> Result<bool> {
+    fn rewind(&mut self, _len: usize) -> Result<bool> {
         Ok(false)
     }
 }
 
 /// Where the check of the first call's name ([`CallGate::min_name_p`])
 /// stands.
-enum NameCheck {
-    /// Before the first token.
-    Ahead,
-    /// The answer opened with a call: its pieces are held back until the
-    /// name is checked.
-    Holding(Vec<String>),
+enum NameCheck<'a> {
+    /// No call yet: the next one to open is held back until its name is
+    /// checked.
+    Watching,
+    /// A call opened: its pieces are held back until the name is checked,
+    /// and `at` is where the answer goes on, in text, should it be taken
+    /// back.
+    Holding { held: Vec<String>, at: Resume<'a> },
     /// Checked, or not wanted.
     Done,
+}
+
+/// The answer just before a call opened: its length in tokens, the
+/// logits of the call's first token, the text stream and stop strings.
+struct Resume<'a> {
+    len: usize,
+    logits: Tensor,
+    stream: TextStream<'a>,
+    stops: Option<StopStrings>,
 }
 
 /// What [`decode_loop`] measured.
@@ -398,21 +414,19 @@ pub(crate) fn decode_loop(
     let mut so_far = String::new();
     let mut no_calls = false;
     let mut name_check = match (&opts.call_gate, &constraint) {
-        (Some(g), Some(_)) if g.min_name_p > 0.0 => NameCheck::Ahead,
+        (Some(g), Some(_)) if g.min_name_p > 0.0 => NameCheck::Watching,
         _ => NameCheck::Done,
     };
     let start = Instant::now();
     let mut logits = steps.prefill(prompt)?;
-    // The prompt's logits again, should a call be taken back.
-    let first_logits = matches!(name_check, NameCheck::Ahead).then(|| logits.clone());
     let (mut compact_build_s, mut grammar_s) = (0.0, 0.0);
     let mut built = false;
     let mut generated = Vec::new();
     let mut first_token_at = None;
     let mut stop_reason = StopReason::Length;
     while generated.len() < opts.max_new_tokens {
-        if let (NameCheck::Holding(held), Some(gate), Some(c)) =
-            (&mut name_check, &opts.call_gate, &mut constraint)
+        if let (NameCheck::Holding { .. }, Some(gate), Some(c)) =
+            (&name_check, &opts.call_gate, &mut constraint)
         {
             if so_far.ends_with(tool_calls::NAME_OPEN) {
                 let t = Instant::now();
@@ -420,25 +434,23 @@ pub(crate) fn decode_loop(
                 let raw = logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
                 let p = CallGate::kept_share(&raw, &masked);
                 log::debug!("call gate: p(an offered name) {p:.3e}");
-                let held = std::mem::take(held);
-                name_check = NameCheck::Done;
+                let NameCheck::Holding { held, at } =
+                    std::mem::replace(&mut name_check, NameCheck::Done)
+                else {
+                    unreachable!("matched above")
+                };
                 grammar_s += t.elapsed().as_secs_f64();
-                if p < gate.min_name_p && steps.rewind(prompt.len())? {
-                    // Taken back: the answer starts again, in text.
-                    generated.clear();
-                    so_far.clear();
-                    stream = TextStream::new(codec);
-                    if let Some(s) = &mut stops {
-                        *s = StopStrings::new(&opts.stop)?;
-                    }
-                    if let Some(g) = &opts.grammar {
-                        *c = codec.grammars()?.compile(g)?;
-                    }
+                if p < gate.min_name_p && steps.rewind(prompt.len() + at.len)? {
+                    // Taken back: the answer goes on in text from where
+                    // the call opened; no call may open again.
+                    c.rollback(generated.len() - at.len)?;
+                    generated.truncate(at.len);
+                    so_far = codec.decode(&generated)?;
+                    (logits, stream, stops) = (at.logits, at.stream, at.stops);
                     no_calls = true;
-                    // The first token the caller sees is still to come.
-                    first_token_at = None;
-                    if let Some(l) = &first_logits {
-                        logits = l.clone();
+                    if generated.is_empty() {
+                        // The first token the caller sees is still to come.
+                        first_token_at = None;
                     }
                 } else if !held.iter().all(|piece| on_text(piece)) {
                     stop_reason = StopReason::Cancelled;
@@ -462,13 +474,20 @@ pub(crate) fn decode_loop(
         if first_token_at.is_none() {
             first_token_at = Some(start.elapsed().as_secs_f64());
         }
-        if let (NameCheck::Ahead, Some(gate), Some(g)) =
+        if let (NameCheck::Watching, Some(gate), Some(g)) =
             (&name_check, &opts.call_gate, &gate_grammars)
         {
-            name_check = match gate.opens(next as usize, g) {
-                true => NameCheck::Holding(Vec::new()),
-                false => NameCheck::Done,
-            };
+            if gate.opens(next as usize, generated.is_empty(), g) {
+                name_check = NameCheck::Holding {
+                    held: Vec::new(),
+                    at: Resume {
+                        len: generated.len(),
+                        logits: logits.clone(),
+                        stream: stream.clone(),
+                        stops: stops.clone(),
+                    },
+                };
+            }
         }
         if !opts.ignore_eos && stop_ids.contains(&next) {
             stop_reason = StopReason::Eos;
@@ -490,7 +509,7 @@ pub(crate) fn decode_loop(
             };
             // Held back while a call's name is unchecked.
             let mut send = |s: &str| match &mut name_check {
-                NameCheck::Holding(held) => {
+                NameCheck::Holding { held, .. } => {
                     held.push(s.to_string());
                     true
                 }
@@ -524,7 +543,7 @@ pub(crate) fn decode_loop(
         logits = steps.step(next)?;
     }
     // Pieces still held (the answer ended before the name): they stand.
-    if let NameCheck::Holding(held) = &mut name_check {
+    if let NameCheck::Holding { held, .. } = &mut name_check {
         for piece in held.drain(..) {
             on_text(&piece);
         }

@@ -680,8 +680,8 @@ impl Steps for EngineSteps<'_> {
             None => model.forward(&[token], cache),
         }
     }
-    fn rewind(&mut self, prompt_len: usize) -> Result<bool> {
-        self.cache.rewind(prompt_len);
+    fn rewind(&mut self, len: usize) -> Result<bool> {
+        self.cache.rewind(len);
         Ok(true)
     }
 }

@@ -251,6 +251,13 @@ impl Constraint {
             .map_err(|e| anyhow::anyhow!("the grammar refused token {token}: {e}"))
     }
 
+    /// Forgets the last `tokens` accepted.
+    pub(crate) fn rollback(&mut self, tokens: usize) -> Result<()> {
+        self.matcher
+            .rollback(tokens)
+            .map_err(|e| anyhow::anyhow!("the grammar could not go back {tokens} tokens: {e}"))
+    }
+
     /// Whether the grammar admits nothing more (the answer is complete).
     pub(crate) fn finished(&self) -> bool {
         self.matcher.is_stopped()

@@ -6,6 +6,7 @@
 use anyhow::{bail, Result};
 
 /// Where the text stands against the stop strings.
+#[derive(Clone)]
 pub(crate) struct StopStrings {
     stops: Vec<String>,
     text: String,

@@ -495,6 +495,7 @@ impl TextCodec {
 /// Each push decodes only the tokens since the piece before last (the last
 /// piece's tokens give the decoder its context, e.g. for a leading space),
 /// so a token costs the same at the end of a long answer as at its start.
+#[derive(Clone)]
 pub(crate) struct TextStream<'a> {
     codec: &'a TextCodec,
     ids: Vec<u32>,

@@ -9,7 +9,7 @@ pub struct GateArgs {
     /// No call unless the call's share of the first token is at least this.
     #[arg(long, default_value_t = CallThresholds::TUNED.call)]
     pub min_call_p: f32,
-    /// An opening call taken back (text instead) unless the offered names
+    /// The first call taken back (text instead) unless the offered names
     /// hold this share of the model's own mass at the name (0: never).
     #[arg(long, default_value_t = CallThresholds::TUNED.name)]
     pub min_name_p: f32,

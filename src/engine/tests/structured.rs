@@ -174,10 +174,10 @@ fn a_conversation_renders_every_turn_with_the_template() {
     assert!(text.find("Hello Ada.") < text.find("What is my name?"));
 }
 
-/// The call gate's name check on an answer that opens with a call: at 0
+/// The call gate's name check on a call that follows a line of text: at 0
 /// the call stands; above 1 (the offered names can never hold that share)
-/// it is taken back before any of it is streamed, and the answer starts
-/// again in text, with no call.
+/// it is taken back before any of it is streamed, and the answer goes on
+/// in text from where the call opened, with no call.
 #[test]
 fn a_call_taken_back_at_its_name_leaves_text_and_streams_none_of_it() {
     let mut e = engine();
@@ -185,7 +185,8 @@ fn a_call_taken_back_at_its_name_leaves_text_and_streams_none_of_it() {
         "parameters": {"type": "object", "properties": {"station": {"type": "integer"}},
                        "required": ["station"]}}]"#;
     let offer = Offer::from_fields(tools, "auto", false).unwrap();
-    let turns = conversation("", &[], "Drive to station 4.").unwrap();
+    // SmolLM2 answers this with a line of text, then the call.
+    let turns = conversation("", &[], "Use your tool to drive to station 4.").unwrap();
     let mut run = |name: f32| {
         let thresholds = CallThresholds {
             call: 0.0,
@@ -214,7 +215,11 @@ fn a_call_taken_back_at_its_name_leaves_text_and_streams_none_of_it() {
     assert_eq!(called.calls[0].name, "navigate_to");
     let taken_back = run(1.5);
     assert!(taken_back.calls.is_empty(), "{:?}", taken_back.calls);
-    assert!(!taken_back.text.trim().is_empty());
+    // The text before the call stands; the answer goes on from there.
+    let before = called.text.trim_end();
+    assert!(!before.is_empty(), "{}", called.text);
+    assert!(taken_back.text.starts_with(before), "{}", taken_back.text);
+    assert!(taken_back.text.len() > before.len(), "{}", taken_back.text);
     assert!(
         !taken_back.text.contains("navigate_to"),
         "{}",
