@@ -105,9 +105,7 @@ pub(crate) type RowOf<'r, 'a> = &'r (dyn Fn(usize) -> (QFormat, &'a [u8]) + Sync
 
 /// `out = x · Wᵀ` for the `n` rows `row(r)` of `k` weights and every token
 /// of `x` (`out[t · n + r]`, a token's results together); the rows' tiles split over rayon's
-/// threads. Only the tests use it on its own today: the attention
-/// projections stay on f32 activations (EXPERIMENTS.md, 8-bit prefill).
-#[cfg(test)]
+/// threads.
 pub(crate) fn matmul(n: usize, (row, form): (RowOf, RowForm), x: &Acts, out: &mut [f32]) {
     run(n, (row, form), None, x, out)
 }
