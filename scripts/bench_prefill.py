@@ -7,7 +7,9 @@ Options: --models NAME... (default qwen2.5-coder-0.5b-instruct
 qwen2.5-coder-1.5b-instruct; folders in $SELECTINFER_MODELS or models/),
 --lengths N... (43 256 1024 2048), --rounds N (3), --threads N (2),
 --dtype q4, --extra "FLAGS" (more `selectinfer bench` flags, e.g. a preset's),
---bin PATH, --out FILE (docs/bench/prefill.json).
+--bin PATH, --out FILE (docs/bench/prefill.json), --docs (also write the
+table into docs/BENCHMARKS.md, between its prefill-table markers),
+--docs-only (no run: the table of --out into the docs).
 
 Prompts: for each model and length L, a chat prompt of exactly L token ids
 (the model's ChatML system + user turn + assistant header around the first
@@ -29,8 +31,10 @@ Writes --out (every round's numbers) and prints the table (Markdown).
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -127,7 +131,15 @@ def main():
     ap.add_argument("--no-tool-prompt", action="store_true")
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "prefill.json"))
+    ap.add_argument("--docs", action="store_true",
+                    help="write the table into docs/BENCHMARKS.md (between its prefill-table markers)")
+    ap.add_argument("--docs-only", action="store_true",
+                    help="no run: write --out's table into docs/BENCHMARKS.md")
     args = ap.parse_args()
+    if args.docs_only:
+        with open(args.out) as f:
+            fill_docs(json.load(f))
+        return
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
 
     prompts = {}
@@ -173,10 +185,28 @@ def main():
                          f"| {s['llamacpp_prefill_tokens_per_s']:.0f} | {s['ratio_median']:.2f} "
                          f"({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    result = {"args": vars(args), "date": str(datetime.date.today()),
+              "cpu": platform.processor() or platform.machine(), "summary": summary,
+              "rounds": rows, "table": "\n".join(table)}
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "summary": summary, "rounds": rows,
-                   "table": "\n".join(table)}, f, indent=1)
+        json.dump(result, f, indent=1)
     print("\n".join(table))
+    if args.docs:
+        fill_docs(result)
+
+
+def fill_docs(result):
+    """Rewrites docs/BENCHMARKS.md's table between its prefill-table markers
+    from a result of this script (its JSON)."""
+    a = result["args"]
+    when = (f"Measured {result.get('date', '?')}, {a['threads']} threads, {a['rounds']} "
+            f"alternated round(s), {a['dtype']}; raw: `docs/bench/prefill.json`.")
+    path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    text = open(path).read()
+    start, end = "<!-- prefill-table -->", "<!-- /prefill-table -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    body = "\n".join(["", when, "", result["table"], ""])
+    open(path, "w").write(text[:i] + body + text[j:])
 
 
 if __name__ == "__main__":
