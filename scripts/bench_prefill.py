@@ -185,7 +185,9 @@ def main():
                          f"| {s['llamacpp_prefill_tokens_per_s']:.0f} | {s['ratio_median']:.2f} "
                          f"({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    result = {"args": vars(args), "date": str(datetime.date.today()),
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    result = {"args": vars(args), "date": str(datetime.date.today()), "commit": commit,
               "cpu": platform.processor() or platform.machine(), "summary": summary,
               "rounds": rows, "table": "\n".join(table)}
     with open(args.out, "w") as f:
@@ -199,7 +201,8 @@ def fill_docs(result):
     """Rewrites docs/BENCHMARKS.md's table between its prefill-table markers
     from a result of this script (its JSON)."""
     a = result["args"]
-    when = (f"Measured {result.get('date', '?')}, {a['threads']} threads, {a['rounds']} "
+    when = (f"Measured {result.get('date', '?')} (build {result.get('commit', '?')}), "
+            f"{a['threads']} threads, {a['rounds']} "
             f"alternated round(s), {a['dtype']}; raw: `docs/bench/prefill.json`.")
     path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
     text = open(path).read()
