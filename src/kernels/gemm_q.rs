@@ -77,6 +77,21 @@ fn tile_product(tile: &Tile, x: &Acts, t0: usize, n: usize, out: &mut [[f32; TIL
     tile_product_portable(tile, x, t0, n, out)
 }
 
+/// [`super::tiles::pack_quads_body`] on the best back end.
+fn pack_quads<'a>(
+    tile: &mut Tile,
+    quad: &dyn Fn(usize) -> &'a [u8],
+    at: (usize, usize, usize),
+    k: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_vnni_gemm::available() {
+        // SAFETY: AVX-512 VNNI implies F, BW and VL (checked).
+        return unsafe { super::x86_vnni_gemm::pack_quads(tile, quad, at, k) };
+    }
+    super::tiles::pack_quads_body(tile, quad, at, k)
+}
+
 /// True when [`matmul`] is the faster way to run `tokens` tokens: it has a
 /// back end (AVX-512 VNNI) and more than one token (one is decode's: its
 /// row-dot kernels read each weight once without packing it). From 43
@@ -179,18 +194,24 @@ fn run(
     });
 }
 
+/// Where [`matmul_columns`] reads a block of 32 outputs' weights.
+#[derive(Clone, Copy)]
+pub(crate) enum Columns<'r> {
+    /// `fill(b, vals)` fills `vals[i · k + n]` with neuron `n`'s weight of
+    /// output `32b + i` (any storage, any order of the neurons).
+    Values(&'r (dyn Fn(usize, &mut [f32]) + Sync)),
+    /// Every neuron in quads, in order: `quad(q)` is quad `q`'s down tile
+    /// of `blocks` blocks ([`super::tiles::pack_quads_body`]), read in place.
+    Quads(&'r (dyn Fn(usize) -> &'r [u8] + Sync), usize),
+}
+
 /// `out[t · h + o] = Σ_n x_t[n] · w(n, o)` (`[tokens, h]`) for weights
 /// stored neuron by neuron (a down projection: `x`'s columns are the
-/// neurons, `x.k` of them, zero past the last): `block(b, vals)` fills
-/// `vals[i · k + n]` with neuron `n`'s weight of output `32b + i`. Blocks
-/// of 32 outputs split over rayon's threads; each thread fills its block,
-/// packs it as two tiles ([`Tile::pack_columns`]) and runs every token.
-pub(crate) fn matmul_columns(
-    h: usize,
-    block: &(dyn Fn(usize, &mut [f32]) + Sync),
-    x: &Acts,
-    out: &mut [f32],
-) {
+/// neurons, `x.k` of them, zero past the last), read from `columns`.
+/// Blocks of 32 outputs split over rayon's threads; each thread packs its
+/// block as two tiles ([`Tile::pack_columns`] from the filled values, or
+/// straight from the quads) and runs every token.
+pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f32]) {
     use rayon::prelude::*;
     let (tokens, k) = (x.tokens(), x.k);
     assert!(
@@ -203,12 +224,17 @@ pub(crate) fn matmul_columns(
         COLUMNS.with(|buf| {
             let mut buf = buf.borrow_mut();
             let (vals, tile) = &mut *buf;
-            vals.clear();
-            vals.resize(k * QK, 0.0);
-            block(b, vals);
+            if let Columns::Values(fill) = columns {
+                vals.clear();
+                vals.resize(k * QK, 0.0);
+                fill(b, vals);
+            }
             let mut res = [[0f32; TILE]; TOKENS];
             for half in 0..2 {
-                tile.pack_columns(vals, half, k);
+                match columns {
+                    Columns::Values(_) => tile.pack_columns(vals, half, k),
+                    Columns::Quads(quad, blocks) => pack_quads(tile, quad, (blocks, b, half), k),
+                }
                 for t0 in (0..tokens).step_by(TOKENS) {
                     let m = TOKENS.min(tokens - t0);
                     tile_product(tile, x, t0, m, &mut res);
@@ -381,7 +407,7 @@ mod tests {
                 }
             };
             let mut out = vec![f32::NAN; tokens * h];
-            matmul_columns(h, &block, &acts, &mut out);
+            matmul_columns(h, Columns::Values(&block), &acts, &mut out);
             for t in 0..tokens {
                 for o in 0..h {
                     let (at, wo) = (&a[t * n..(t + 1) * n], |j: usize| w[j * h + o]);
@@ -406,6 +432,43 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn quads_read_in_place_are_their_values_packed_to_the_bit() {
+        use crate::kernels::quads;
+        // Quads of random 8-bit codes and f16 scales (zeros among them).
+        let (quads_n, blocks) = (16usize, 3usize);
+        let (k, h, tokens) = (quads_n * 4, blocks * QK, 11);
+        let qb = 8 * blocks + 128 * blocks;
+        let mut bytes = vec![0u8; quads_n * qb];
+        for (q, t) in bytes.chunks_exact_mut(qb).enumerate() {
+            for (i, c) in data(qb, 20 + q as u32).iter().enumerate() {
+                t[i] = (c * 97.0).rem_euclid(256.0) as u8;
+            }
+            for s in 0..4 * blocks {
+                let d = data(1, (q * 64 + s) as u32)[0].abs() * 0.01 * (s % 5) as f32;
+                t[2 * s..2 * s + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            }
+        }
+        let quad = |q: usize| &bytes[q * qb..(q + 1) * qb];
+        let fill = |b: usize, vals: &mut [f32]| {
+            for q in 0..quads_n {
+                quads::dequantize_block_t(quad(q), blocks, b, &mut vals[4 * q..], k);
+            }
+        };
+        let acts = Acts::quantize(&data(tokens * k, 3), k);
+        let (mut a, mut b) = (vec![0f32; tokens * h], vec![f32::NAN; tokens * h]);
+        matmul_columns(h, Columns::Values(&fill), &acts, &mut a);
+        matmul_columns(h, Columns::Quads(&quad, blocks), &acts, &mut b);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // Both back ends of the packer (this CPU's and the portable one).
+        for half in 0..2 {
+            let (mut t1, mut t2) = (Tile::default(), Tile::default());
+            pack_quads(&mut t1, &quad, (blocks, 1, half), k);
+            crate::kernels::tiles::pack_quads_body(&mut t2, &quad, (blocks, 1, half), k);
+            assert_eq!((t1.w, t1.d), (t2.w, t2.d));
         }
     }
 }

@@ -479,7 +479,12 @@ impl Bundles {
                 pos += 1;
             }
         };
-        gemm_q::matmul_columns(h, &block, &acts, y);
+        // Dense, every neuron in quads: the tiles straight from the quads.
+        let columns = match order.is_none() && n == in_quads && n.is_multiple_of(quant::QK) {
+            true => gemm_q::Columns::Quads(&tile_of, blocks),
+            false => gemm_q::Columns::Values(&block),
+        };
+        gemm_q::matmul_columns(h, columns, &acts, y);
     }
 }
 
