@@ -148,19 +148,25 @@ fn scatter(u: &[u8; QK], r: usize, w: &mut [u8]) {
 }
 
 impl Tile {
-    /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
-    /// `form`; the tile's other rows are zero.
-    pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
-        assert!(rows.len() <= TILE && k.is_multiple_of(QK));
-        let blocks = k / QK;
+    /// Empties the tile for `blocks` blocks per row: every weight `128`
+    /// (zero), every scale 0, minimums only `with_min`.
+    pub(crate) fn reset(&mut self, blocks: usize, with_min: bool) {
         self.blocks = blocks;
         self.w.clear();
         self.w.resize(blocks * QK * TILE, 128);
         self.d.clear();
         self.d.resize(blocks * TILE, 0.0);
-        let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
         self.m.clear();
-        self.m.resize(if any_min { blocks * TILE } else { 0 }, 0.0);
+        self.m.resize(if with_min { blocks * TILE } else { 0 }, 0.0);
+    }
+
+    /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
+    /// `form`; the tile's other rows are zero.
+    pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
+        assert!(rows.len() <= TILE && k.is_multiple_of(QK));
+        let blocks = k / QK;
+        let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
+        self.reset(blocks, any_min);
         let mut u = [0u8; QK];
         for (r, &(format, bytes)) in rows.iter().enumerate() {
             let bb = format.block_bytes();
@@ -191,12 +197,7 @@ impl Tile {
     pub(crate) fn pack_columns(&mut self, vals: &[f32], half: usize, k: usize) {
         assert!(k.is_multiple_of(QK) && vals.len() == k * QK && half < 2);
         let blocks = k / QK;
-        self.blocks = blocks;
-        self.w.clear();
-        self.w.resize(blocks * QK * TILE, 128);
-        self.d.clear();
-        self.d.resize(blocks * TILE, 0.0);
-        self.m.clear();
+        self.reset(blocks, false);
         let (mut q, mut u) = ([0i8; QK], [0u8; QK]);
         for b in 0..blocks {
             let w = &mut self.w[b * QK * TILE..(b + 1) * QK * TILE];
@@ -232,12 +233,7 @@ pub(crate) fn pack_quads_body<'a>(
     use super::blocks::{f16_at, ROUND};
     assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
     let groups = k / QK;
-    tile.blocks = groups;
-    tile.w.clear();
-    tile.w.resize(groups * QK * TILE, 128);
-    tile.d.clear();
-    tile.d.resize(groups * TILE, 0.0);
-    tile.m.clear();
+    tile.reset(groups, false);
     // Per group of 32 neurons: their values, neuron by neuron, 16 outputs each.
     let mut v = [[0f32; TILE]; QK];
     for gi in 0..groups {

@@ -97,12 +97,7 @@ pub(crate) unsafe fn pack_quads<'a>(
     use super::blocks::ROUND;
     assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
     let groups = k / QK;
-    tile.blocks = groups;
-    tile.w.clear();
-    tile.w.resize(groups * QK * TILE, 128);
-    tile.d.clear();
-    tile.d.resize(groups * TILE, 0.0);
-    tile.m.clear();
+    tile.reset(groups, false);
     let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
     let (round, lo, hi) = (
         _mm512_set1_ps(ROUND),
