@@ -92,6 +92,17 @@ fn pack_quads<'a>(
     super::tiles::pack_quads_body(tile, quad, at, k)
 }
 
+/// [`Tile::pack`] on the best back end.
+fn pack(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_vnni_gemm::available() && super::x86_vnni_gemm::packs(rows, form) {
+        // SAFETY: AVX-512 VNNI implies F, BW, VL and F16C (checked); the
+        // rows are planar `Q4_0`/`Q4_1` (checked).
+        return unsafe { super::x86_vnni_gemm::pack_planar_q4(tile, rows, k) };
+    }
+    tile.pack(rows, form, k)
+}
+
 /// True when [`matmul`] is the faster way to run `tokens` tokens: it has a
 /// back end (AVX-512 VNNI) and more than one token (one is decode's: its
 /// row-dot kernels read each weight once without packing it). From 43
@@ -161,13 +172,16 @@ fn run(
             let mut tiles = tiles.borrow_mut();
             let [a, b] = &mut *tiles;
             let rows = ti * TILE..((ti + 1) * TILE).min(n);
-            let pack = |tile: &mut Tile, row: RowOf| {
-                let rows: Vec<(QFormat, &[u8])> = rows.clone().map(row).collect();
-                tile.pack(&rows, form, x.k);
+            let pack_rows = |tile: &mut Tile, row: RowOf| {
+                let mut of: [(QFormat, &[u8]); TILE] = [(QFormat::Q8_0, &[]); TILE];
+                for (o, r) in of.iter_mut().zip(rows.clone()) {
+                    *o = row(r);
+                }
+                pack(tile, &of[..rows.len()], form, x.k);
             };
-            pack(a, row);
+            pack_rows(a, row);
             if let Some((up, _)) = pair {
-                pack(b, up);
+                pack_rows(b, up);
             }
             let (mut ra, mut rb) = ([[0f32; TILE]; TOKENS], [[0f32; TILE]; TOKENS]);
             for t0 in (0..tokens).step_by(TOKENS) {
@@ -381,6 +395,49 @@ mod tests {
                 po.iter().zip(&go).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{f:?} planar"
             );
+        }
+    }
+
+    #[test]
+    fn planar_rows_pack_to_the_bit_on_every_back_end() {
+        // Q4_0 and Q4_1 rows mixed, full and partial tiles, block counts
+        // below, at and past the sixteen scales one conversion takes.
+        for (n, blocks) in [(16, 1), (5, 17), (16, 33), (11, 16)] {
+            let k = blocks * QK;
+            let (q0, _, _) = case(QFormat::Q4_0, n, k, 1, 30 + n as u32);
+            let (q1, _, _) = case(QFormat::Q4_1, n, k, 1, 40 + n as u32);
+            let (mut p0, mut p1) = (q0.clone(), q1.clone());
+            planar::make_planar(QFormat::Q4_0, k, &mut p0);
+            planar::make_planar(QFormat::Q4_1, k, &mut p1);
+            let (rb0, rb1) = (QFormat::Q4_0.row_bytes(k), QFormat::Q4_1.row_bytes(k));
+            for mix in [0, 1, 3] {
+                let rows: Vec<(QFormat, &[u8])> = (0..n)
+                    .map(|r| match (mix, r % 3) {
+                        (1, _) | (3, 0) => (QFormat::Q4_1, &p1[r * rb1..(r + 1) * rb1]),
+                        _ => (QFormat::Q4_0, &p0[r * rb0..(r + 1) * rb0]),
+                    })
+                    .collect();
+                let (mut a, mut b) = (Tile::default(), Tile::default());
+                // A used tile: every byte must be written again.
+                b.w = vec![7; 3 * k * TILE];
+                b.d = vec![f32::NAN; 2 * blocks * TILE];
+                b.m = vec![f32::NAN; 2 * blocks * TILE];
+                a.pack(&rows, RowForm::Planar, k);
+                pack(&mut b, &rows, RowForm::Planar, k);
+                assert_eq!(a.blocks, b.blocks);
+                assert!(a.w == b.w, "n {n} blocks {blocks} mix {mix}: bytes");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a.d),
+                    bits(&b.d),
+                    "n {n} blocks {blocks} mix {mix}: scales"
+                );
+                assert_eq!(
+                    bits(&a.m),
+                    bits(&b.m),
+                    "n {n} blocks {blocks} mix {mix}: minimums"
+                );
+            }
         }
     }
 

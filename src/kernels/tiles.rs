@@ -160,8 +160,19 @@ impl Tile {
         self.m.resize(if with_min { blocks * TILE } else { 0 }, 0.0);
     }
 
+    /// Sizes the tile for `blocks` blocks per row, its contents left as
+    /// they were: for a packer that writes every byte and scale.
+    pub(crate) fn size(&mut self, blocks: usize, with_min: bool) {
+        self.blocks = blocks;
+        self.w.resize(blocks * QK * TILE, 128);
+        self.d.resize(blocks * TILE, 0.0);
+        self.m.resize(if with_min { blocks * TILE } else { 0 }, 0.0);
+    }
+
     /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
-    /// `form`; the tile's other rows are zero.
+    /// `form`; the tile's other rows are zero. The portable reference;
+    /// `x86_vnni_gemm::pack_planar_q4` packs planar `Q4_0`/`Q4_1` rows to
+    /// the bit on AVX-512.
     pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
         assert!(rows.len() <= TILE && k.is_multiple_of(QK));
         let blocks = k / QK;

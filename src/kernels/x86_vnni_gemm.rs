@@ -4,7 +4,8 @@
 //! groups of four weights kept in registers across the tokens. Results are
 //! [`super::gemm_q::tile_product_portable`]'s to the bit.
 
-use super::blocks::QK;
+use super::blocks::{QFormat, QK};
+use super::planar::RowForm;
 use super::tiles::{Acts, Tile, TILE, TOKENS};
 use std::arch::x86_64::*;
 
@@ -94,16 +95,15 @@ pub(crate) unsafe fn pack_quads<'a>(
     (blocks, b, half): (usize, usize, usize),
     k: usize,
 ) {
-    use super::blocks::ROUND;
     assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
     let groups = k / QK;
-    tile.reset(groups, false);
+    // Every byte and scale written below.
+    tile.size(groups, false);
     let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
-    let (round, lo, hi) = (
-        _mm512_set1_ps(ROUND),
-        _mm512_set1_ps(-127.0),
-        _mm512_set1_ps(127.0),
-    );
+    // Byte `4r + j` of each 128-bit lane from byte `4j + r`.
+    let transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+    ));
     let mut v = [_mm512_setzero_ps(); QK];
     for gi in 0..groups {
         let mut amax = _mm512_setzero_ps();
@@ -140,17 +140,138 @@ pub(crate) unsafe fn pack_quads<'a>(
         _mm512_storeu_ps(tile.d.as_mut_ptr().add(gi * TILE), d);
         let out = tile.w.as_mut_ptr().add(gi * QK * TILE);
         for g in 0..QK / 4 {
-            let mut lane = _mm512_setzero_si512();
-            for j in 0..4 {
-                let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v[4 * g + j], id), round), round);
-                let q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi));
-                let u = _mm512_and_si512(
-                    _mm512_add_epi32(q, _mm512_set1_epi32(128)),
-                    _mm512_set1_epi32(0xff),
-                );
-                lane = _mm512_or_si512(lane, _mm512_sllv_epi32(u, _mm512_set1_epi32(8 * j as i32)));
-            }
+            // Rounded to the nearest, ties to even (the reference's `ROUND`
+            // sum; `|v·id| ≤ 127` by the scale, so its clamp never binds),
+            // then the four neurons' codes of each output as one lane:
+            // packed to bytes (neuron-major within each 128-bit lane) and
+            // transposed there.
+            let q: [__m512i; 4] =
+                std::array::from_fn(|j| _mm512_cvtps_epi32(_mm512_mul_ps(v[4 * g + j], id)));
+            let bytes = _mm512_packs_epi16(
+                _mm512_packs_epi32(q[0], q[1]),
+                _mm512_packs_epi32(q[2], q[3]),
+            );
+            let lane = _mm512_xor_si512(_mm512_shuffle_epi8(bytes, transpose), flip);
             _mm512_storeu_si512(out.add(g * 64) as *mut __m512i, lane);
+        }
+    }
+}
+
+/// True when [`pack_planar_q4`] packs `rows`: planar `Q4_0` and `Q4_1`
+/// rows (mixed), the gate and up rows' form where this back end runs.
+pub(crate) fn packs(rows: &[(QFormat, &[u8])], form: RowForm) -> bool {
+    form == RowForm::Planar
+        && rows
+            .iter()
+            .all(|(f, _)| matches!(f, QFormat::Q4_0 | QFormat::Q4_1))
+}
+
+/// Scales `count` f16 at `src` into `dst[i · 16 + r]` (a tile's scales of
+/// row `r`), sixteen conversions at a time.
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn scatter_f16(src: &[u8], count: usize, dst: &mut [f32], r: usize) {
+    assert!(src.len() >= 2 * count && dst.len() >= count * TILE);
+    for from in (0..count).step_by(16) {
+        let n = 16.min(count - from);
+        let mut h = [0u8; 32];
+        h[..2 * n].copy_from_slice(&src[2 * from..2 * (from + n)]);
+        let v: [f32; 16] = std::mem::transmute(_mm512_cvtph_ps(_mm256_loadu_si256(
+            h.as_ptr() as *const __m256i
+        )));
+        for (i, &x) in v.iter().enumerate().take(n) {
+            dst[(from + i) * TILE + r] = x;
+        }
+    }
+}
+
+/// [`Tile::pack`] on AVX-512 for planar `Q4_0`/`Q4_1` rows ([`packs`]), to
+/// the bit: per block the sixteen rows' 16 bytes of nibbles (four 512-bit
+/// registers) transposed by 32-bit words, so that word `g` of every row
+/// is one register; its low nibbles are the tile's group `g`, its high
+/// ones group `g + 4`, each plus its row's offset (`c + 128`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BW, and F16C ([`available`] implies
+/// them).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(crate) unsafe fn pack_planar_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], k: usize) {
+    assert!(rows.len() <= TILE && k.is_multiple_of(QK) && packs(rows, RowForm::Planar));
+    let blocks = k / QK;
+    let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
+    // Every byte and scale written below.
+    tile.size(blocks, any_min);
+    // A missing row reads these nibbles (8: zero in `Q4_0`) for every block.
+    static EIGHTS: [u8; 16] = [0x88; 16];
+    let mut quants = [(EIGHTS.as_ptr(), 0usize); TILE];
+    // Per row its bytes' offset, four times: `Q4_0`'s `c = q − 8`, `Q4_1`'s `c = q`.
+    let mut offsets = [0x7878_7878u32; TILE];
+    for r in 0..TILE {
+        let Some(&(format, row)) = rows.get(r) else {
+            for b in 0..blocks {
+                tile.d[b * TILE + r] = 0.0;
+                if any_min {
+                    tile.m[b * TILE + r] = 0.0;
+                }
+            }
+            continue;
+        };
+        let (lead, block_bytes) = if format == QFormat::Q4_1 {
+            (4, 20)
+        } else {
+            (2, 18)
+        };
+        assert_eq!(
+            row.len(),
+            blocks * block_bytes,
+            "a row of {k} weights in {format:?}"
+        );
+        quants[r] = (row.as_ptr().add(lead * blocks), 16);
+        scatter_f16(row, blocks, &mut tile.d, r);
+        if format == QFormat::Q4_1 {
+            offsets[r] = 0x8080_8080;
+            scatter_f16(&row[2 * blocks..], blocks, &mut tile.m, r);
+        } else if any_min {
+            for b in 0..blocks {
+                tile.m[b * TILE + r] = 0.0;
+            }
+        }
+    }
+    let offsets = _mm512_loadu_si512(offsets.as_ptr() as *const __m512i);
+    let nibble = _mm512_set1_epi8(0x0f);
+    // Words 0 and 1 (2 and 3) of rows 0–7 from two registers of four rows each.
+    let first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    let second = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    for b in 0..blocks {
+        let load = |r: usize| {
+            let (p, step) = quants[r];
+            _mm_loadu_si128(p.add(step * b) as *const __m128i)
+        };
+        let z: [__m512i; 4] = std::array::from_fn(|i| {
+            let z = _mm512_castsi128_si512(load(4 * i));
+            let z = _mm512_inserti32x4::<1>(z, load(4 * i + 1));
+            let z = _mm512_inserti32x4::<2>(z, load(4 * i + 2));
+            _mm512_inserti32x4::<3>(z, load(4 * i + 3))
+        });
+        let (a0, a1) = (
+            _mm512_permutex2var_epi32(z[0], first, z[1]),
+            _mm512_permutex2var_epi32(z[2], first, z[3]),
+        );
+        let (c0, c1) = (
+            _mm512_permutex2var_epi32(z[0], second, z[1]),
+            _mm512_permutex2var_epi32(z[2], second, z[3]),
+        );
+        let words = [
+            _mm512_shuffle_i64x2::<0x44>(a0, a1),
+            _mm512_shuffle_i64x2::<0xee>(a0, a1),
+            _mm512_shuffle_i64x2::<0x44>(c0, c1),
+            _mm512_shuffle_i64x2::<0xee>(c0, c1),
+        ];
+        let out = tile.w.as_mut_ptr().add(b * QK * TILE);
+        for (g, &w) in words.iter().enumerate() {
+            let lo = _mm512_add_epi8(_mm512_and_si512(w, nibble), offsets);
+            let hi = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble), offsets);
+            _mm512_storeu_si512(out.add(g * 64) as *mut __m512i, lo);
+            _mm512_storeu_si512(out.add((g + 4) * 64) as *mut __m512i, hi);
         }
     }
 }
