@@ -11,46 +11,66 @@ use std::arch::x86_64::*;
 
 pub(crate) use super::cpu_features::avx512_vnni as available;
 
-/// Tokens `t0..t0 + N` over the tile.
+/// Tokens `t0..t0 + N` over the tile (`MIN`: it has `Q4_1`'s minimums).
+/// The tokens are unrolled by hand, each accumulator a register of its
+/// own: left to the compiler, the token loop stayed a loop with the
+/// accumulators on the stack (a load, a store and the loop's own
+/// instructions per token and block). One chain of eight `vpdpbusd` per
+/// token: the tokens' chains are independent, which covers its latency.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn run<const N: usize>(tile: &Tile, x: &Acts, t0: usize, out: &mut [[f32; TILE]; TOKENS]) {
+unsafe fn run<const N: usize, const MIN: bool>(
+    tile: &Tile,
+    x: &Acts,
+    t0: usize,
+    out: &mut [[f32; TILE]; TOKENS],
+) {
     let (k, per_token) = (x.k, x.k / QK);
-    let has_min = !tile.m.is_empty();
     let (wp, dp, mp) = (tile.w.as_ptr(), tile.d.as_ptr(), tile.m.as_ptr());
     let (qp, ap, sp, dsp) = (x.q.as_ptr(), x.d.as_ptr(), x.start.as_ptr(), x.ds.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc = [_mm512_setzero_ps(); TOKENS];
     for b in 0..tile.blocks {
         let wb = wp.add(b * QK * TILE);
         let w: [__m512i; 8] =
             std::array::from_fn(|g| _mm512_loadu_si512(wb.add(g * 64) as *const __m512i));
         let dw = _mm512_loadu_ps(dp.add(b * TILE));
-        let mv = if has_min {
+        let mv = if MIN {
             _mm512_loadu_ps(mp.add(b * TILE))
         } else {
             _mm512_setzero_ps()
         };
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let ib = (t0 + t) * per_token + b;
-            let q = qp.add((t0 + t) * k + b * QK) as *const i32;
-            let four = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
-            // Two chains of four, for the latency of `vpdpbusd`.
-            let mut s0 = _mm512_set1_epi32(*sp.add(ib));
-            let mut s1 = _mm512_setzero_si512();
-            for g in 0..4 {
-                s0 = _mm512_dpbusd_epi32(s0, w[g], four(g));
-                s1 = _mm512_dpbusd_epi32(s1, w[g + 4], four(g + 4));
-            }
-            let s = _mm512_add_epi32(s0, s1);
-            let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
-            *acc = _mm512_fmadd_ps(f, _mm512_set1_ps(*ap.add(ib)), *acc);
-            if has_min {
-                *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*dsp.add(ib)), *acc);
-            }
+        macro_rules! token {
+            ($t:literal) => {
+                if $t < N {
+                    let ib = (t0 + $t) * per_token + b;
+                    let q = qp.add((t0 + $t) * k + b * QK) as *const i32;
+                    let mut s = _mm512_set1_epi32(*sp.add(ib));
+                    for (g, &wg) in w.iter().enumerate() {
+                        s = _mm512_dpbusd_epi32(
+                            s,
+                            wg,
+                            _mm512_set1_epi32(q.add(g).read_unaligned()),
+                        );
+                    }
+                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
+                    acc[$t] = _mm512_fmadd_ps(f, _mm512_set1_ps(*ap.add(ib)), acc[$t]);
+                    if MIN {
+                        acc[$t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(*dsp.add(ib)), acc[$t]);
+                    }
+                }
+            };
         }
+        token!(0);
+        token!(1);
+        token!(2);
+        token!(3);
+        token!(4);
+        token!(5);
+        token!(6);
+        token!(7);
     }
-    for (t, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out[t].as_mut_ptr(), *acc);
+    for (o, a) in out.iter_mut().zip(&acc).take(N) {
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
     }
 }
 
@@ -68,16 +88,25 @@ pub(crate) unsafe fn tile_product(
     out: &mut [[f32; TILE]; TOKENS],
 ) {
     debug_assert!(tile.blocks * QK == x.k && t0 + n <= x.tokens());
-    match n {
-        8 => run::<8>(tile, x, t0, out),
-        7 => run::<7>(tile, x, t0, out),
-        6 => run::<6>(tile, x, t0, out),
-        5 => run::<5>(tile, x, t0, out),
-        4 => run::<4>(tile, x, t0, out),
-        3 => run::<3>(tile, x, t0, out),
-        2 => run::<2>(tile, x, t0, out),
-        1 => run::<1>(tile, x, t0, out),
-        _ => {}
+    macro_rules! by_count {
+        ($min:literal) => {
+            match n {
+                8 => run::<8, $min>(tile, x, t0, out),
+                7 => run::<7, $min>(tile, x, t0, out),
+                6 => run::<6, $min>(tile, x, t0, out),
+                5 => run::<5, $min>(tile, x, t0, out),
+                4 => run::<4, $min>(tile, x, t0, out),
+                3 => run::<3, $min>(tile, x, t0, out),
+                2 => run::<2, $min>(tile, x, t0, out),
+                1 => run::<1, $min>(tile, x, t0, out),
+                _ => {}
+            }
+        };
+    }
+    if tile.m.is_empty() {
+        by_count!(false)
+    } else {
+        by_count!(true)
     }
 }
 
