@@ -134,9 +134,20 @@ pub(crate) unsafe fn pack_quads<'a>(
         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
     ));
     let mut v = [_mm512_setzero_ps(); QK];
+    const AHEAD: usize = 32;
     for gi in 0..groups {
         let mut amax = _mm512_setzero_ps();
         for g in 0..QK / 4 {
+            // The quad `AHEAD` on: both halves' lines of its block `b`,
+            // fetched with the first half (quads lie ~6 KB apart, a stride
+            // the hardware does not follow; the second half's pass finds
+            // them in L2, as the scales, shared by the blocks before).
+            let ahead = gi * QK / 4 + g + AHEAD;
+            if half == 0 && ahead < k / 4 {
+                let p = quad(ahead).as_ptr().add(8 * blocks + 128 * b);
+                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(64) as *const i8);
+            }
             let t = quad(gi * QK / 4 + g);
             let at = 8 * blocks + 128 * b + 64 * half;
             assert!(t.len() >= at + 64 && t.len() >= 8 * blocks);
