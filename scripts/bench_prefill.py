@@ -11,6 +11,14 @@ qwen2.5-coder-1.5b-instruct; folders in $SELECTINFER_MODELS or models/),
 table into docs/BENCHMARKS.md, between its prefill-table markers),
 --docs-only (no run: the table of --out into the docs).
 
+--presets: each catalog model's preset against its dense q4 instead of
+llama.cpp: `selectinfer bench --model NAME` (config/models/NAME.yaml
+applies) and `--model FOLDER` (dense q4, no preset) on the same ids,
+alternated; the table gives the preset's TTFT over dense's (the issue's
+"every shipped preset ≤ its model's dense q4"). Writes
+docs/bench/prefill-presets.json and, with --docs, the docs' table between
+the prefill-presets-table markers.
+
 Prompts: for each model and length L, a chat prompt of exactly L token ids
 (the model's ChatML system + user turn + assistant header around the first
 XSum dev documents, cut to fit), tokenized by llama.cpp's /tokenize on the
@@ -92,13 +100,14 @@ def tool_prompt(binary, model, env):
     return row.get("prompt_token_ids") or row.get("ids") or row["token_ids"]
 
 
-def ours(binary, model, ids, args, env):
+def ours(binary, model, ids, args, env, preset=False):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([ids], f)
     try:
-        cmd = [binary, "bench", "--model", model, "--dtype", args.dtype, "--threads",
-               str(args.threads), "--new-tokens", "2", "--prompt-ids", f.name, "--json",
-               *args.extra.split()]
+        # A catalog name takes its preset (dtype included); a folder is dense.
+        flags = [] if preset else ["--dtype", args.dtype, *args.extra.split()]
+        cmd = [binary, "bench", "--model", model, "--threads", str(args.threads),
+               "--new-tokens", "2", "--prompt-ids", f.name, "--json", *flags]
         r = json.loads(subprocess.run(cmd, check=True, env=env, capture_output=True,
                                       text=True).stdout)
     finally:
@@ -130,12 +139,17 @@ def main():
     ap.add_argument("--extra", default="", help="more `selectinfer bench` flags")
     ap.add_argument("--no-tool-prompt", action="store_true")
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "selectinfer"))
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "prefill.json"))
+    ap.add_argument("--out", help="default docs/bench/prefill.json "
+                    "(--presets: docs/bench/prefill-presets.json)")
+    ap.add_argument("--presets", action="store_true",
+                    help="each catalog model's preset against its dense q4 (no llama.cpp)")
     ap.add_argument("--docs", action="store_true",
                     help="write the table into docs/BENCHMARKS.md (between its prefill-table markers)")
     ap.add_argument("--docs-only", action="store_true",
                     help="no run: write --out's table into docs/BENCHMARKS.md")
     args = ap.parse_args()
+    args.out = args.out or os.path.join(
+        ROOT, "docs", "bench", "prefill-presets.json" if args.presets else "prefill.json")
     if args.docs_only:
         with open(args.out) as f:
             fill_docs(json.load(f))
@@ -154,36 +168,53 @@ def main():
             d = model_dir(name)
             for label, ids in prompts[name].items():
                 pair = {}
-                order = ["ours", "llama.cpp"] if rnd % 2 == 0 else ["llama.cpp", "ours"]
+                rival = "preset" if args.presets else "llama.cpp"
+                order = ["ours", rival] if rnd % 2 == 0 else [rival, "ours"]
                 for who in order:
-                    pair[who] = (ours(args.bin, d, ids, args, env) if who == "ours"
-                                 else llamacpp(os.path.join(d, "model.gguf"), ids, args))
+                    if who == "ours":
+                        pair[who] = ours(args.bin, d, ids, args, env)
+                    elif who == "preset":
+                        pair[who] = ours(args.bin, name, ids, args, env, preset=True)
+                    else:
+                        pair[who] = llamacpp(os.path.join(d, "model.gguf"), ids, args)
                 row = {"round": rnd, "model": name, "prompt": label, "tokens": len(ids), **pair,
-                       "ratio": pair["ours"]["ttft_s"] / pair["llama.cpp"]["ttft_s"]}
+                       "ratio": (pair["preset"]["ttft_s"] / pair["ours"]["ttft_s"] if args.presets
+                                 else pair["ours"]["ttft_s"] / pair["llama.cpp"]["ttft_s"])}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
 
-    table = ["| model | prompt | tokens | ours TTFT s | ours prefill tok/s | llama.cpp TTFT s "
-             "| llama.cpp prefill tok/s | ours / llama.cpp TTFT (median, range) |",
-             "|---|---|---|---|---|---|---|---|"]
+    if args.presets:
+        table = ["| model | prompt | tokens | dense q4 TTFT s | preset TTFT s "
+                 "| preset / dense TTFT (median, range) |", "|---|---|---|---|---|---|"]
+    else:
+        table = ["| model | prompt | tokens | ours TTFT s | ours prefill tok/s | llama.cpp TTFT s "
+                 "| llama.cpp prefill tok/s | ours / llama.cpp TTFT (median, range) |",
+                 "|---|---|---|---|---|---|---|---|"]
     summary = []
     for name in args.models:
         for label in prompts[name]:
             rs = [r for r in rows if r["model"] == name and r["prompt"] == label]
             med = lambda who, k: statistics.median(r[who][k] for r in rs)  # noqa: E731
             ratios = [r["ratio"] for r in rs]
+            rival = "preset" if args.presets else "llama.cpp"
             s = {"model": name, "prompt": label, "tokens": rs[0]["tokens"],
                  "ours_ttft_s": med("ours", "ttft_s"),
                  "ours_prefill_tokens_per_s": med("ours", "prefill_tokens_per_s"),
-                 "llamacpp_ttft_s": med("llama.cpp", "ttft_s"),
-                 "llamacpp_prefill_tokens_per_s": med("llama.cpp", "prefill_tokens_per_s"),
+                 f"{rival.replace('.', '')}_ttft_s": med(rival, "ttft_s"),
+                 f"{rival.replace('.', '')}_prefill_tokens_per_s":
+                     med(rival, "prefill_tokens_per_s"),
                  "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
                  "ratio_max": max(ratios)}
             summary.append(s)
-            table.append(f"| {name} | {label} | {s['tokens']} | {s['ours_ttft_s']:.2f} "
-                         f"| {s['ours_prefill_tokens_per_s']:.0f} | {s['llamacpp_ttft_s']:.2f} "
-                         f"| {s['llamacpp_prefill_tokens_per_s']:.0f} | {s['ratio_median']:.2f} "
-                         f"({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) |")
+            spread = f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f})"
+            if args.presets:
+                table.append(f"| {name} | {label} | {s['tokens']} | {s['ours_ttft_s']:.2f} "
+                             f"| {s['preset_ttft_s']:.2f} | {spread} |")
+            else:
+                table.append(f"| {name} | {label} | {s['tokens']} | {s['ours_ttft_s']:.2f} "
+                             f"| {s['ours_prefill_tokens_per_s']:.0f} "
+                             f"| {s['llamacpp_ttft_s']:.2f} "
+                             f"| {s['llamacpp_prefill_tokens_per_s']:.0f} | {spread} |")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
@@ -201,12 +232,14 @@ def fill_docs(result):
     """Rewrites docs/BENCHMARKS.md's table between its prefill-table markers
     from a result of this script (its JSON)."""
     a = result["args"]
+    marker = "prefill-presets-table" if a.get("presets") else "prefill-table"
+    out = "prefill-presets.json" if a.get("presets") else "prefill.json"
     when = (f"Measured {result.get('date', '?')} (build {result.get('commit', '?')}), "
             f"{a['threads']} threads, {a['rounds']} "
-            f"alternated round(s), {a['dtype']}; raw: `docs/bench/prefill.json`.")
+            f"alternated round(s), {a['dtype']}; raw: `docs/bench/{out}`.")
     path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
     text = open(path).read()
-    start, end = "<!-- prefill-table -->", "<!-- /prefill-table -->"
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
     i, j = text.index(start) + len(start), text.index(end)
     body = "\n".join(["", when, "", result["table"], ""])
     open(path, "w").write(text[:i] + body + text[j:])
