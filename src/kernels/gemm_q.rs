@@ -74,22 +74,30 @@ fn tile_product(tile: &Tile, x: &Acts, t0: usize, n: usize, out: &mut [[f32; TIL
         // and `t0 + n` tokens exist.
         return unsafe { super::x86_vnni_gemm::tile_product(tile, x, t0, n, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_avxvnni_gemm::available() {
+        // SAFETY: the CPU has AVX-VNNI (checked); as above.
+        return unsafe { super::x86_avxvnni_gemm::tile_product(tile, x, t0, n, out) };
+    }
     tile_product_portable(tile, x, t0, n, out)
 }
 
-/// [`super::tiles::pack_quads_body`] on the best back end.
+/// [`super::tiles::pack_quads_body`] of both halves of block `b` into
+/// `tiles`, on the best back end.
 fn pack_quads<'a>(
-    tile: &mut Tile,
+    tiles: &mut [Tile; 2],
     quad: &dyn Fn(usize) -> &'a [u8],
-    at: (usize, usize, usize),
+    (blocks, b): (usize, usize),
     k: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if super::x86_vnni_gemm::available() {
         // SAFETY: AVX-512 VNNI implies F, BW and VL (checked).
-        return unsafe { super::x86_vnni_gemm::pack_quads(tile, quad, at, k) };
+        return unsafe { super::x86_vnni_gemm::pack_quads(tiles, quad, (blocks, b), k) };
     }
-    super::tiles::pack_quads_body(tile, quad, at, k)
+    for (half, tile) in tiles.iter_mut().enumerate() {
+        super::tiles::pack_quads_body(tile, quad, (blocks, b, half), k)
+    }
 }
 
 /// [`Tile::pack`] on the best back end.
@@ -104,7 +112,7 @@ fn pack(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
 }
 
 /// True when [`matmul`] is the faster way to run `tokens` tokens: it has a
-/// back end (AVX-512 VNNI) and more than one token (one is decode's: its
+/// back end ([`available`]) and more than one token (one is decode's: its
 /// row-dot kernels read each weight once without packing it). From 43
 /// tokens up (the benchmark's shortest prompt) packing is repaid:
 /// docs/BENCHMARKS.md, "Prefill against llama.cpp".
@@ -113,10 +121,10 @@ pub(crate) fn pays(tokens: usize) -> bool {
 }
 
 /// True where [`matmul`] has a back end faster than dequantized rows and
-/// an f32 matmul (AVX-512 VNNI).
+/// an f32 matmul (AVX-512 VNNI, or AVX-VNNI).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::x86_vnni_gemm::available();
+    return super::x86_vnni_gemm::available() || super::x86_avxvnni_gemm::available();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
@@ -241,18 +249,20 @@ pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f3
         let shared = &shared;
         COLUMNS.with(|buf| {
             let mut buf = buf.borrow_mut();
-            let (vals, tile) = &mut *buf;
-            if let Columns::Values(fill) = columns {
-                vals.clear();
-                vals.resize(k * QK, 0.0);
-                fill(b, vals);
+            let (vals, tiles) = &mut *buf;
+            match columns {
+                Columns::Values(fill) => {
+                    vals.clear();
+                    vals.resize(k * QK, 0.0);
+                    fill(b, vals);
+                    for (half, tile) in tiles.iter_mut().enumerate() {
+                        tile.pack_columns(vals, half, k);
+                    }
+                }
+                Columns::Quads(quad, blocks) => pack_quads(tiles, quad, (blocks, b), k),
             }
             let mut res = [[0f32; TILE]; TOKENS];
-            for half in 0..2 {
-                match columns {
-                    Columns::Values(_) => tile.pack_columns(vals, half, k),
-                    Columns::Quads(quad, blocks) => pack_quads(tile, quad, (blocks, b, half), k),
-                }
+            for (half, tile) in tiles.iter().enumerate() {
                 for t0 in (0..tokens).step_by(TOKENS) {
                     let m = TOKENS.min(tokens - t0);
                     tile_product(tile, x, t0, m, &mut res);
@@ -272,7 +282,7 @@ pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f3
 }
 
 thread_local! {
-    static COLUMNS: RefCell<(Vec<f32>, Tile)> = RefCell::new((Vec::new(), Tile::default()));
+    static COLUMNS: RefCell<(Vec<f32>, [Tile; 2])> = RefCell::new(Default::default());
 }
 
 #[cfg(test)]
@@ -330,6 +340,31 @@ mod tests {
         }
     }
 
+    type Product = fn(&Tile, &Acts, usize, usize, &mut [[f32; TILE]; TOKENS]);
+
+    /// Every back end of the tile product this CPU runs, by name (the
+    /// dispatched one, and each x86 one whose features are present).
+    fn back_ends() -> Vec<(&'static str, Product)> {
+        let mut all: Vec<(&'static str, Product)> = vec![("dispatched", tile_product)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::kernels::x86_vnni_gemm::available() {
+                // SAFETY: the CPU has AVX-512 VNNI (checked); the tests
+                // pass tiles and activations of the same blocks.
+                all.push(("avx512-vnni", |t, x, t0, n, o| unsafe {
+                    crate::kernels::x86_vnni_gemm::tile_product(t, x, t0, n, o)
+                }));
+            }
+            if is_x86_feature_detected!("avxvnni") && crate::kernels::cpu_features::avx2() {
+                // SAFETY: the CPU has AVX-VNNI and AVX2 (checked); as above.
+                all.push(("avx-vnni", |t, x, t0, n, o| unsafe {
+                    crate::kernels::x86_avxvnni_gemm::tile_product(t, x, t0, n, o)
+                }));
+            }
+        }
+        all
+    }
+
     #[test]
     fn back_ends_match_the_portable_kernel_to_the_bit() {
         let (n, k, tokens) = (16, 160, TOKENS);
@@ -350,16 +385,19 @@ mod tests {
                 tile.pack(&rows, RowForm::Blocks, k);
                 let acts = Acts::quantize(&x, k);
                 for m in 1..=TOKENS {
-                    let (mut a, mut b) = ([[0f32; TILE]; TOKENS], [[0f32; TILE]; TOKENS]);
+                    let mut a = [[0f32; TILE]; TOKENS];
                     tile_product_portable(&tile, &acts, 0, m, &mut a);
-                    tile_product(&tile, &acts, 0, m, &mut b);
-                    for t in 0..m {
-                        for r in 0..TILE {
-                            assert_eq!(
-                                a[t][r].to_bits(),
-                                b[t][r].to_bits(),
-                                "{f:?} mixed {mixed} m {m} token {t} row {r}"
-                            );
+                    for (name, run) in back_ends() {
+                        let mut b = [[f32::NAN; TILE]; TOKENS];
+                        run(&tile, &acts, 0, m, &mut b);
+                        for t in 0..m {
+                            for r in 0..TILE {
+                                assert_eq!(
+                                    a[t][r].to_bits(),
+                                    b[t][r].to_bits(),
+                                    "{name}: {f:?} mixed {mixed} m {m} token {t} row {r}"
+                                );
+                            }
                         }
                     }
                 }
@@ -527,11 +565,12 @@ mod tests {
         matmul_columns(h, Columns::Quads(&quad, blocks), &acts, &mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         // Both back ends of the packer (this CPU's and the portable one).
-        for half in 0..2 {
-            let (mut t1, mut t2) = (Tile::default(), Tile::default());
-            pack_quads(&mut t1, &quad, (blocks, 1, half), k);
+        let mut pair = [Tile::default(), Tile::default()];
+        pack_quads(&mut pair, &quad, (blocks, 1), k);
+        for (half, t1) in pair.into_iter().enumerate() {
+            let mut t2 = Tile::default();
             crate::kernels::tiles::pack_quads_body(&mut t2, &quad, (blocks, 1, half), k);
-            assert_eq!((t1.w, t1.d), (t2.w, t2.d));
+            assert_eq!((t1.w, t1.d), (t2.w, t2.d), "half {half}");
         }
     }
 }

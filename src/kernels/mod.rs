@@ -6,7 +6,8 @@
 //! prefill the tiled 8-bit products ([`gemm_q`], tiles in `tiles`) and the
 //! blocked causal attention (`prefill_attention`); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
 //! `x86_vnni`: AVX-512 VNNI for the quantized rows, `x86_vnni_planar` for
-//! planar ones, `x86_vnni_gemm` for the tiles;
+//! planar ones, `x86_vnni_gemm` for the tiles, `x86_avxvnni_gemm` the
+//! tiles' 256-bit AVX-VNNI form;
 //! [`portable`]: every other target, NEON on aarch64); the decode threads'
 //! [`spin_pool`] beside them. This file holds the bridges from candle
 //! tensors to the slices the kernels take.
@@ -46,6 +47,8 @@ pub mod spin_pool;
 mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_avxvnni_gemm;
 #[cfg(target_arch = "x86_64")]
 mod x86_q2;
 #[cfg(target_arch = "x86_64")]

@@ -232,7 +232,8 @@ impl Tile {
 /// rounded to 8 bits per 32 neurons, to the bit as [`Tile::pack_columns`]
 /// does from their f32 values, but read in place — a quad's sixteen
 /// outputs' four bytes are already a tile's lanes of four. The portable
-/// reference; `x86_vnni_gemm::pack_quads` is the AVX-512 one, equal to
+/// reference; `x86_vnni_gemm::pack_quads` is the AVX-512 one (both halves
+/// in one pass over the quads), equal to
 /// the bit (the down projection's repacking: 10 % of a 1.5B bench's
 /// samples at 256 tokens before, through f32 values, 5 % in place).
 pub(crate) fn pack_quads_body<'a>(

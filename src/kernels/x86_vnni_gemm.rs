@@ -110,89 +110,97 @@ pub(crate) unsafe fn tile_product(
     }
 }
 
-/// [`super::tiles::pack_quads_body`] on AVX-512, to the bit: a quad's
-/// sixteen outputs' four bytes are one register; each neuron's values a
-/// byte plane of it, scaled; the rounded bytes put back in their planes.
+/// [`super::tiles::pack_quads_body`] on AVX-512 for both halves of block
+/// `b` at once (`tiles[half]`), to the bit: a quad's sixteen outputs' four
+/// bytes are one register; each neuron's values a byte plane of it,
+/// scaled; the rounded bytes put back in their planes. Both halves in one
+/// pass: their lines are adjacent in the quad, and its scales serve both.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VL, and F16C ([`available`] implies
 /// them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(crate) unsafe fn pack_quads<'a>(
-    tile: &mut Tile,
+    tiles: &mut [Tile; 2],
     quad: &dyn Fn(usize) -> &'a [u8],
-    (blocks, b, half): (usize, usize, usize),
+    (blocks, b): (usize, usize),
     k: usize,
 ) {
-    assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
+    assert!(k.is_multiple_of(QK) && b < blocks);
     let groups = k / QK;
-    // Every byte and scale written below.
-    tile.size(groups, false);
+    for tile in tiles.iter_mut() {
+        // Every byte and scale written below.
+        tile.size(groups, false);
+    }
     let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
     // Byte `4r + j` of each 128-bit lane from byte `4j + r`.
     let transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(
         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
     ));
-    let mut v = [_mm512_setzero_ps(); QK];
+    let mut v = [[_mm512_setzero_ps(); QK]; 2];
     const AHEAD: usize = 32;
+    let at = 8 * blocks + 128 * b;
     for gi in 0..groups {
-        let mut amax = _mm512_setzero_ps();
+        let mut amax = [_mm512_setzero_ps(); 2];
         for g in 0..QK / 4 {
-            // The quad `AHEAD` on: both halves' lines of its block `b`,
-            // fetched with the first half (quads lie ~6 KB apart, a stride
-            // the hardware does not follow; the second half's pass finds
-            // them in L2, as the scales, shared by the blocks before).
+            // The quad `AHEAD` on: its block's two lines, fetched now
+            // (quads lie ~6 KB apart, a stride the hardware does not
+            // follow; the scales, shared by the blocks before, are in L2).
             let ahead = gi * QK / 4 + g + AHEAD;
-            if half == 0 && ahead < k / 4 {
-                let p = quad(ahead).as_ptr().add(8 * blocks + 128 * b);
+            if ahead < k / 4 {
+                let p = quad(ahead).as_ptr().add(at);
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(p.add(64) as *const i8);
             }
             let t = quad(gi * QK / 4 + g);
-            let at = 8 * blocks + 128 * b + 64 * half;
-            assert!(t.len() >= at + 64 && t.len() >= 8 * blocks);
-            let w = _mm512_xor_si512(
-                _mm512_loadu_si512(t.as_ptr().add(at) as *const __m512i),
-                flip,
-            );
+            assert!(t.len() >= at + 128 && t.len() >= 8 * blocks);
             let h: [u16; 8] = std::array::from_fn(|j| {
                 let s = 2 * blocks * (j % 4) + 2 * b;
                 u16::from_le_bytes([t[s], t[s + 1]])
             });
             let d4 = _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
             let d: [f32; 4] = std::mem::transmute(d4);
-            for (j, &dj) in d.iter().enumerate() {
-                // Byte `j` of each lane, sign-extended: the neuron's codes.
-                let c = match j {
-                    0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w)),
-                    1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(w)),
-                    2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(w)),
-                    _ => _mm512_srai_epi32::<24>(w),
-                };
-                let x = _mm512_mul_ps(_mm512_set1_ps(dj), _mm512_cvtepi32_ps(c));
-                amax = _mm512_max_ps(_mm512_abs_ps(x), amax);
-                v[4 * g + j] = x;
+            for half in 0..2 {
+                let w = _mm512_xor_si512(
+                    _mm512_loadu_si512(t.as_ptr().add(at + 64 * half) as *const __m512i),
+                    flip,
+                );
+                for (j, &dj) in d.iter().enumerate() {
+                    // Byte `j` of each lane, sign-extended: the neuron's codes.
+                    let c = match j {
+                        0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w)),
+                        1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(w)),
+                        2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(w)),
+                        _ => _mm512_srai_epi32::<24>(w),
+                    };
+                    let x = _mm512_mul_ps(_mm512_set1_ps(dj), _mm512_cvtepi32_ps(c));
+                    amax[half] = _mm512_max_ps(_mm512_abs_ps(x), amax[half]);
+                    v[half][4 * g + j] = x;
+                }
             }
         }
-        let d = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
-        let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_setzero_ps());
-        let id = _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0), d);
-        _mm512_storeu_ps(tile.d.as_mut_ptr().add(gi * TILE), d);
-        let out = tile.w.as_mut_ptr().add(gi * QK * TILE);
-        for g in 0..QK / 4 {
-            // Rounded to the nearest, ties to even (the reference's `ROUND`
-            // sum; `|v·id| ≤ 127` by the scale, so its clamp never binds),
-            // then the four neurons' codes of each output as one lane:
-            // packed to bytes (neuron-major within each 128-bit lane) and
-            // transposed there.
-            let q: [__m512i; 4] =
-                std::array::from_fn(|j| _mm512_cvtps_epi32(_mm512_mul_ps(v[4 * g + j], id)));
-            let bytes = _mm512_packs_epi16(
-                _mm512_packs_epi32(q[0], q[1]),
-                _mm512_packs_epi32(q[2], q[3]),
-            );
-            let lane = _mm512_xor_si512(_mm512_shuffle_epi8(bytes, transpose), flip);
-            _mm512_storeu_si512(out.add(g * 64) as *mut __m512i, lane);
+        for (half, tile) in tiles.iter_mut().enumerate() {
+            let d = _mm512_div_ps(amax[half], _mm512_set1_ps(127.0));
+            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_setzero_ps());
+            let id = _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0), d);
+            _mm512_storeu_ps(tile.d.as_mut_ptr().add(gi * TILE), d);
+            let out = tile.w.as_mut_ptr().add(gi * QK * TILE);
+            for g in 0..QK / 4 {
+                // Rounded to the nearest, ties to even (the reference's
+                // `ROUND` sum; `|v·id| ≤ 127` by the scale, so its clamp
+                // never binds), then the four neurons' codes of each output
+                // as one lane: packed to bytes (neuron-major within each
+                // 128-bit lane) and transposed there.
+                let q: [__m512i; 4] = std::array::from_fn(|j| {
+                    _mm512_cvtps_epi32(_mm512_mul_ps(v[half][4 * g + j], id))
+                });
+                let bytes = _mm512_packs_epi16(
+                    _mm512_packs_epi32(q[0], q[1]),
+                    _mm512_packs_epi32(q[2], q[3]),
+                );
+                let lane = _mm512_xor_si512(_mm512_shuffle_epi8(bytes, transpose), flip);
+                _mm512_storeu_si512(out.add(g * 64) as *mut __m512i, lane);
+            }
         }
     }
 }
