@@ -230,6 +230,23 @@ fn bench_prompt_ids_file_errors_name_the_file() {
     let m = missing.to_str().unwrap();
     let out = selectinfer(&["bench", "--model", model, "--prompt-ids", m]);
     assert_clean_error(&out, &[m]);
+    // A relative path: the error names the folder it was resolved against.
+    let out = selectinfer(&[
+        "bench",
+        "--model",
+        model,
+        "--prompt-ids",
+        "no-such-ids.json",
+    ]);
+    let cwd = std::env::current_dir().unwrap();
+    assert_clean_error(
+        &out,
+        &[
+            "no-such-ids.json",
+            "resolved against the working directory",
+            cwd.to_str().unwrap(),
+        ],
+    );
     // Ids outside the vocabulary: the model's own refusal, no panic.
     let path = tmp.path().join("outside.json");
     std::fs::write(&path, "[[1, 4000000000]]").unwrap();

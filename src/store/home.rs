@@ -133,13 +133,7 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
     }
     let given = Path::new(setting);
     let folder = absolute(given)?;
-    let against = || match given.is_absolute() {
-        true => String::new(),
-        false => format!(
-            " (resolved against the working directory {})",
-            std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string())
-        ),
-    };
+    let against = || resolved_against(given);
     if !folder.is_dir() {
         bail!(
             "model {setting}: the folder {} does not exist{}, and {setting} is not a catalog \
@@ -164,6 +158,18 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
 }
 
 /// The catalog's names, for messages.
+/// For a relative `path` in an error: " (resolved against the working
+/// directory D)"; nothing for an absolute one.
+pub fn resolved_against(path: &Path) -> String {
+    match path.is_absolute() {
+        true => String::new(),
+        false => format!(
+            " (resolved against the working directory {})",
+            std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string())
+        ),
+    }
+}
+
 pub fn known() -> String {
     CATALOG
         .iter()

@@ -192,8 +192,13 @@ pub(crate) struct BenchOptions {
 /// `prompt_token_ids` of a bench report; what
 /// `scripts/reference/bench_llamacpp.py --token-ids` reads), none empty.
 fn read_prompt_ids(path: &Path) -> Result<Vec<Vec<u32>>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("prompt ids file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "prompt ids file {}{}",
+            path.display(),
+            crate::store::home::resolved_against(path)
+        )
+    })?;
     let ids: Vec<Vec<u32>> = serde_json::from_str(&text).with_context(|| {
         format!(
             "prompt ids file {}: want a JSON list of token-id lists, e.g. [[151644, 872]]",
