@@ -103,10 +103,10 @@ fn pack_quads<'a>(
 /// [`Tile::pack`] on the best back end.
 fn pack(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
     #[cfg(target_arch = "x86_64")]
-    if super::x86_vnni_gemm::available() && super::x86_vnni_gemm::packs(rows, form) {
+    if super::x86_vnni_gemm::available() && super::x86_vnni_gemm::packs(rows) {
         // SAFETY: AVX-512 VNNI implies F, BW, VL and F16C (checked); the
-        // rows are planar `Q4_0`/`Q4_1` (checked).
-        return unsafe { super::x86_vnni_gemm::pack_planar_q4(tile, rows, k) };
+        // rows are `Q4_0`/`Q4_1` (checked).
+        return unsafe { super::x86_vnni_gemm::pack_q4(tile, rows, form, k) };
     }
     tile.pack(rows, form, k)
 }
@@ -443,9 +443,10 @@ mod tests {
     }
 
     #[test]
-    fn planar_rows_pack_to_the_bit_on_every_back_end() {
+    fn q4_rows_pack_to_the_bit_on_every_back_end() {
         // Q4_0 and Q4_1 rows mixed, full and partial tiles, block counts
-        // below, at and past the sixteen scales one conversion takes.
+        // below, at and past the sixteen scales one conversion takes; rows
+        // in whole blocks and planar.
         for (n, blocks) in [(16, 1), (5, 17), (16, 33), (11, 16)] {
             let k = blocks * QK;
             let (q0, _, _) = case(QFormat::Q4_0, n, k, 1, 30 + n as u32);
@@ -454,33 +455,28 @@ mod tests {
             planar::make_planar(QFormat::Q4_0, k, &mut p0);
             planar::make_planar(QFormat::Q4_1, k, &mut p1);
             let (rb0, rb1) = (QFormat::Q4_0.row_bytes(k), QFormat::Q4_1.row_bytes(k));
-            for mix in [0, 1, 3] {
-                let rows: Vec<(QFormat, &[u8])> = (0..n)
-                    .map(|r| match (mix, r % 3) {
-                        (1, _) | (3, 0) => (QFormat::Q4_1, &p1[r * rb1..(r + 1) * rb1]),
-                        _ => (QFormat::Q4_0, &p0[r * rb0..(r + 1) * rb0]),
-                    })
-                    .collect();
-                let (mut a, mut b) = (Tile::default(), Tile::default());
-                // A used tile: every byte must be written again.
-                b.w = vec![7; 3 * k * TILE];
-                b.d = vec![f32::NAN; 2 * blocks * TILE];
-                b.m = vec![f32::NAN; 2 * blocks * TILE];
-                a.pack(&rows, RowForm::Planar, k);
-                pack(&mut b, &rows, RowForm::Planar, k);
-                assert_eq!(a.blocks, b.blocks);
-                assert!(a.w == b.w, "n {n} blocks {blocks} mix {mix}: bytes");
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&a.d),
-                    bits(&b.d),
-                    "n {n} blocks {blocks} mix {mix}: scales"
-                );
-                assert_eq!(
-                    bits(&a.m),
-                    bits(&b.m),
-                    "n {n} blocks {blocks} mix {mix}: minimums"
-                );
+            for (form, b0, b1) in [(RowForm::Blocks, &q0, &q1), (RowForm::Planar, &p0, &p1)] {
+                for mix in [0, 1, 3] {
+                    let rows: Vec<(QFormat, &[u8])> = (0..n)
+                        .map(|r| match (mix, r % 3) {
+                            (1, _) | (3, 0) => (QFormat::Q4_1, &b1[r * rb1..(r + 1) * rb1]),
+                            _ => (QFormat::Q4_0, &b0[r * rb0..(r + 1) * rb0]),
+                        })
+                        .collect();
+                    let (mut a, mut b) = (Tile::default(), Tile::default());
+                    // A used tile: every byte must be written again.
+                    b.w = vec![7; 3 * k * TILE];
+                    b.d = vec![f32::NAN; 2 * blocks * TILE];
+                    b.m = vec![f32::NAN; 2 * blocks * TILE];
+                    a.pack(&rows, form, k);
+                    pack(&mut b, &rows, form, k);
+                    let what = format!("{form:?} n {n} blocks {blocks} mix {mix}");
+                    assert_eq!(a.blocks, b.blocks);
+                    assert!(a.w == b.w, "{what}: bytes");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a.d), bits(&b.d), "{what}: scales");
+                    assert_eq!(bits(&a.m), bits(&b.m), "{what}: minimums");
+                }
             }
         }
     }

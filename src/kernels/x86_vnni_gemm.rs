@@ -205,24 +205,28 @@ pub(crate) unsafe fn pack_quads<'a>(
     }
 }
 
-/// True when [`pack_planar_q4`] packs `rows`: planar `Q4_0` and `Q4_1`
-/// rows (mixed), the gate and up rows' form where this back end runs.
-pub(crate) fn packs(rows: &[(QFormat, &[u8])], form: RowForm) -> bool {
-    form == RowForm::Planar
-        && rows
-            .iter()
-            .all(|(f, _)| matches!(f, QFormat::Q4_0 | QFormat::Q4_1))
+/// True when [`pack_q4`] packs `rows`: `Q4_0` and `Q4_1` rows (mixed),
+/// planar (the gate and up rows where this back end runs) or whole blocks
+/// (the attention projections).
+pub(crate) fn packs(rows: &[(QFormat, &[u8])]) -> bool {
+    rows.iter()
+        .all(|(f, _)| matches!(f, QFormat::Q4_0 | QFormat::Q4_1))
 }
 
-/// Scales `count` f16 at `src` into `dst[i · 16 + r]` (a tile's scales of
-/// row `r`), sixteen conversions at a time.
+/// Scales `count` f16, `stride` bytes apart from `src[0]`, into
+/// `dst[i · 16 + r]` (a tile's scales of row `r`), sixteen conversions at
+/// a time.
 #[target_feature(enable = "avx512f,f16c")]
-unsafe fn scatter_f16(src: &[u8], count: usize, dst: &mut [f32], r: usize) {
-    assert!(src.len() >= 2 * count && dst.len() >= count * TILE);
+unsafe fn scatter_f16(src: &[u8], stride: usize, count: usize, dst: &mut [f32], r: usize) {
+    assert!(count == 0 || src.len() >= stride * (count - 1) + 2);
+    assert!(dst.len() >= count * TILE);
     for from in (0..count).step_by(16) {
         let n = 16.min(count - from);
-        let mut h = [0u8; 32];
-        h[..2 * n].copy_from_slice(&src[2 * from..2 * (from + n)]);
+        let mut h = [0u16; 16];
+        for (i, hi) in h.iter_mut().enumerate().take(n) {
+            let at = (from + i) * stride;
+            *hi = u16::from_le_bytes([src[at], src[at + 1]]);
+        }
         let v: [f32; 16] = std::mem::transmute(_mm512_cvtph_ps(_mm256_loadu_si256(
             h.as_ptr() as *const __m256i
         )));
@@ -232,8 +236,8 @@ unsafe fn scatter_f16(src: &[u8], count: usize, dst: &mut [f32], r: usize) {
     }
 }
 
-/// [`Tile::pack`] on AVX-512 for planar `Q4_0`/`Q4_1` rows ([`packs`]), to
-/// the bit: per block the sixteen rows' 16 bytes of nibbles (four 512-bit
+/// [`Tile::pack`] on AVX-512 for `Q4_0`/`Q4_1` rows in `form` ([`packs`]),
+/// to the bit: per block the sixteen rows' 16 bytes of nibbles (four 512-bit
 /// registers) transposed by 32-bit words, so that word `g` of every row
 /// is one register; its low nibbles are the tile's group `g`, its high
 /// ones group `g + 4`, each plus its row's offset (`c + 128`).
@@ -242,8 +246,8 @@ unsafe fn scatter_f16(src: &[u8], count: usize, dst: &mut [f32], r: usize) {
 /// The CPU must have AVX-512 F and BW, and F16C ([`available`] implies
 /// them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-pub(crate) unsafe fn pack_planar_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], k: usize) {
-    assert!(rows.len() <= TILE && k.is_multiple_of(QK) && packs(rows, RowForm::Planar));
+pub(crate) unsafe fn pack_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
+    assert!(rows.len() <= TILE && k.is_multiple_of(QK) && packs(rows));
     let blocks = k / QK;
     let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
     // Every byte and scale written below.
@@ -273,11 +277,17 @@ pub(crate) unsafe fn pack_planar_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], 
             blocks * block_bytes,
             "a row of {k} weights in {format:?}"
         );
-        quants[r] = (row.as_ptr().add(lead * blocks), 16);
-        scatter_f16(row, blocks, &mut tile.d, r);
+        // Planar: every scale, every minimum, then every block's quants;
+        // whole blocks: scale, minimum and quants block by block.
+        let (quant_at, step, min_at, stride) = match form {
+            RowForm::Planar => (lead * blocks, 16, 2 * blocks, 2),
+            RowForm::Blocks => (lead, block_bytes, 2, block_bytes),
+        };
+        quants[r] = (row.as_ptr().add(quant_at), step);
+        scatter_f16(row, stride, blocks, &mut tile.d, r);
         if format == QFormat::Q4_1 {
             offsets[r] = 0x8080_8080;
-            scatter_f16(&row[2 * blocks..], blocks, &mut tile.m, r);
+            scatter_f16(&row[min_at..], stride, blocks, &mut tile.m, r);
         } else if any_min {
             for b in 0..blocks {
                 tile.m[b * TILE + r] = 0.0;
