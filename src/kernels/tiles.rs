@@ -171,7 +171,7 @@ impl Tile {
 
     /// Packs up to sixteen rows of `k` weights, each `(format, bytes)` in
     /// `form`; the tile's other rows are zero. The portable reference;
-    /// `x86_vnni_gemm::pack_planar_q4` packs planar `Q4_0`/`Q4_1` rows to
+    /// `x86_vnni_gemm::pack_q4` packs `Q4_0`/`Q4_1` rows (either form) to
     /// the bit on AVX-512.
     pub(crate) fn pack(&mut self, rows: &[(QFormat, &[u8])], form: RowForm, k: usize) {
         assert!(rows.len() <= TILE && k.is_multiple_of(QK));
