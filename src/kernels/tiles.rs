@@ -151,13 +151,10 @@ impl Tile {
     /// Empties the tile for `blocks` blocks per row: every weight `128`
     /// (zero), every scale 0, minimums only `with_min`.
     pub(crate) fn reset(&mut self, blocks: usize, with_min: bool) {
-        self.blocks = blocks;
-        self.w.clear();
-        self.w.resize(blocks * QK * TILE, 128);
-        self.d.clear();
-        self.d.resize(blocks * TILE, 0.0);
-        self.m.clear();
-        self.m.resize(if with_min { blocks * TILE } else { 0 }, 0.0);
+        self.size(blocks, with_min);
+        self.w.fill(128);
+        self.d.fill(0.0);
+        self.m.fill(0.0);
     }
 
     /// Sizes the tile for `blocks` blocks per row, its contents left as
