@@ -258,17 +258,18 @@ impl Engine {
             let Some(sel) = &selectors[layer] else {
                 return Ok(());
             };
-            let a = blocks[layer].mlp.to_canonical(a)?;
+            let stored = blocks[layer].mlp.stored_order();
+            let stored = stored.as_deref();
             for snap in snapshots.iter_mut() {
                 if snap.at > p0 + done && snap.at <= p0 + rows {
                     let upto = snap.at - p0;
-                    counts[layer].add(sel.counts(&a.narrow(1, done, upto - done)?)?)?;
+                    counts[layer].add(sel.counts_in(&a.narrow(1, done, upto - done)?, stored)?)?;
                     done = upto;
                     snap.counts[layer] = counts[layer].clone();
                 }
             }
             if done < rows {
-                counts[layer].add(sel.counts(&a.narrow(1, done, rows - done)?)?)?;
+                counts[layer].add(sel.counts_in(&a.narrow(1, done, rows - done)?, stored)?)?;
             }
             Ok(())
         };
@@ -456,13 +457,10 @@ impl Engine {
         let logits = {
             let (model, blocks) = (&self.model, &self.model.blocks);
             let mut observe = |layer: usize, a: &Tensor| -> Result<()> {
-                let mut canonical = None;
+                let stored = blocks[layer].mlp.stored_order();
                 for (r, c) in rules.iter().zip(&mut counts) {
                     if let Some(sel) = r.as_ref().and_then(|r| r[layer].as_ref()) {
-                        if canonical.is_none() {
-                            canonical = Some(blocks[layer].mlp.to_canonical(a)?);
-                        }
-                        c[layer].add(sel.counts(canonical.as_ref().expect("set above"))?)?;
+                        c[layer].add(sel.counts_in(a, stored.as_deref())?)?;
                     }
                 }
                 Ok(())

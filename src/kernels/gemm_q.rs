@@ -24,6 +24,7 @@
 use super::blocks::{QFormat, QK};
 use super::planar::RowForm;
 pub(crate) use super::tiles::Acts;
+pub(crate) use super::tiles::QuadSource;
 use super::tiles::{Tile, TILE, TOKENS};
 use std::cell::RefCell;
 
@@ -84,19 +85,14 @@ fn tile_product(tile: &Tile, x: &Acts, t0: usize, n: usize, out: &mut [[f32; TIL
 
 /// [`super::tiles::pack_quads_body`] of both halves of block `b` into
 /// `tiles`, on the best back end.
-fn pack_quads<'a>(
-    tiles: &mut [Tile; 2],
-    quad: &dyn Fn(usize) -> &'a [u8],
-    (blocks, b): (usize, usize),
-    k: usize,
-) {
+fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usize, k: usize) {
     #[cfg(target_arch = "x86_64")]
     if super::x86_vnni_gemm::available() {
         // SAFETY: AVX-512 VNNI implies F, BW and VL (checked).
-        return unsafe { super::x86_vnni_gemm::pack_quads(tiles, quad, (blocks, b), k) };
+        return unsafe { super::x86_vnni_gemm::pack_quads(tiles, src, b, k) };
     }
     for (half, tile) in tiles.iter_mut().enumerate() {
-        super::tiles::pack_quads_body(tile, quad, (blocks, b, half), k)
+        super::tiles::pack_quads_body(tile, src, (b, half), k)
     }
 }
 
@@ -226,9 +222,9 @@ pub(crate) enum Columns<'r> {
     /// `fill(b, vals)` fills `vals[i · k + n]` with neuron `n`'s weight of
     /// output `32b + i` (any storage, any order of the neurons).
     Values(&'r (dyn Fn(usize, &mut [f32]) + Sync)),
-    /// Every neuron in quads, in order: `quad(q)` is quad `q`'s down tile
-    /// of `blocks` blocks ([`super::tiles::pack_quads_body`]), read in place.
-    Quads(&'r (dyn Fn(usize) -> &'r [u8] + Sync), usize),
+    /// Every neuron in quads ([`QuadSource`], in its order), read in place
+    /// ([`super::tiles::pack_quads_body`]).
+    Quads(QuadSource<'r>),
 }
 
 /// `out[t · h + o] = Σ_n x_t[n] · w(n, o)` (`[tokens, h]`) for weights
@@ -259,7 +255,7 @@ pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f3
                         tile.pack_columns(vals, half, k);
                     }
                 }
-                Columns::Quads(quad, blocks) => pack_quads(tiles, quad, (blocks, b), k),
+                Columns::Quads(src) => pack_quads(tiles, &src, b, k),
             }
             let mut res = [[0f32; TILE]; TOKENS];
             for (half, tile) in tiles.iter().enumerate() {
@@ -533,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn quads_read_in_place_are_their_values_packed_to_the_bit() {
+    fn quads_read_in_place_in_any_order_are_their_values_packed_to_the_bit() {
         use crate::kernels::quads;
         // Quads of random 8-bit codes and f16 scales (zeros among them).
         let (quads_n, blocks) = (16usize, 3usize);
@@ -558,15 +554,40 @@ mod tests {
         let acts = Acts::quantize(&data(tokens * k, 3), k);
         let (mut a, mut b) = (vec![0f32; tokens * h], vec![f32::NAN; tokens * h]);
         matmul_columns(h, Columns::Values(&fill), &acts, &mut a);
-        matmul_columns(h, Columns::Quads(&quad, blocks), &acts, &mut b);
+        let src = QuadSource {
+            quad: &quad,
+            blocks,
+            order: None,
+        };
+        matmul_columns(h, Columns::Quads(src), &acts, &mut b);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // In an order: the values gathered in it, packed.
+        let order: Vec<u32> = (0..k as u32).map(|i| (i * 37 + 5) % k as u32).collect();
+        let gathered = |b: usize, vals: &mut [f32]| {
+            let mut all = vec![0f32; vals.len()];
+            fill(b, &mut all);
+            for (o, row) in vals.chunks_exact_mut(k).zip(all.chunks_exact(k)) {
+                o.iter_mut()
+                    .zip(&order)
+                    .for_each(|(v, &i)| *v = row[i as usize]);
+            }
+        };
+        let ordered = QuadSource {
+            order: Some(&order),
+            ..src
+        };
+        matmul_columns(h, Columns::Values(&gathered), &acts, &mut a);
+        matmul_columns(h, Columns::Quads(ordered), &acts, &mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         // Both back ends of the packer (this CPU's and the portable one).
-        let mut pair = [Tile::default(), Tile::default()];
-        pack_quads(&mut pair, &quad, (blocks, 1), k);
-        for (half, t1) in pair.into_iter().enumerate() {
-            let mut t2 = Tile::default();
-            crate::kernels::tiles::pack_quads_body(&mut t2, &quad, (blocks, 1, half), k);
-            assert_eq!((t1.w, t1.d), (t2.w, t2.d), "half {half}");
+        for src in [src, ordered] {
+            let mut pair = [Tile::default(), Tile::default()];
+            pack_quads(&mut pair, &src, 1, k);
+            for (half, t1) in pair.into_iter().enumerate() {
+                let mut t2 = Tile::default();
+                crate::kernels::tiles::pack_quads_body(&mut t2, &src, (1, half), k);
+                assert_eq!((t1.w, t1.d), (t2.w, t2.d), "half {half}");
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! projection, from f32 weights rounded per 32 neurons). The product's
 //! back ends read these; nothing here depends on them.
 
-use super::blocks::{QFormat, QK};
+use super::blocks::{QFormat, QK, QUAD};
 use super::planar::{self, RowForm};
 
 /// Rows per tile: the lanes of one 512-bit register of i32.
@@ -32,57 +32,54 @@ pub(crate) struct Acts {
 impl Acts {
     /// Quantizes `x` (`[tokens, k]`, row-major; `k` a multiple of 32).
     pub(crate) fn quantize(x: &[f32], k: usize) -> Self {
-        assert!(k > 0 && k.is_multiple_of(QK) && x.len().is_multiple_of(k));
-        let blocks = x.len() / QK;
-        let mut a = Self {
-            k,
-            q: vec![0; x.len()],
-            d: Vec::with_capacity(blocks),
-            start: Vec::with_capacity(blocks),
-            ds: Vec::with_capacity(blocks),
-        };
-        for (xb, qb) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)) {
-            let d = super::blocks::quantize_block(xb, qb);
-            let sum: i32 = qb.iter().map(|&v| v as i32).sum();
-            a.d.push(d);
-            a.start.push(-128 * sum);
-            a.ds.push(d * sum as f32);
-        }
-        a
+        Self::quantize_gathered(x, k, None, k)
     }
 
     /// Quantizes the rows of `x` (`[tokens, n]`), each row's values taken
     /// in `order` (positions `0..n` of it; `None`: as they lie) and zero
-    /// from `n` up to `k` (a multiple of 32, at least `n`).
+    /// from `n` up to `k` (a multiple of 32, at least `n`). Rows on
+    /// rayon's threads (a 2,048-token chunk's down input is 40 MB).
     pub(crate) fn quantize_gathered(x: &[f32], n: usize, order: Option<&[u32]>, k: usize) -> Self {
+        use rayon::prelude::*;
         assert!(n > 0 && n <= k && k.is_multiple_of(QK) && x.len().is_multiple_of(n));
+        assert!(order.is_none_or(|o| o.len() >= n && o[..n].iter().all(|&i| (i as usize) < n)));
         let tokens = x.len() / n;
-        let blocks = tokens * k / QK;
+        let per_row = k / QK;
         let mut a = Self {
             k,
             q: vec![0; tokens * k],
-            d: Vec::with_capacity(blocks),
-            start: Vec::with_capacity(blocks),
-            ds: Vec::with_capacity(blocks),
+            d: vec![0.0; tokens * per_row],
+            start: vec![0; tokens * per_row],
+            ds: vec![0.0; tokens * per_row],
         };
-        let mut xb = [0f32; QK];
-        for (row, qrow) in x.chunks_exact(n).zip(a.q.chunks_exact_mut(k)) {
-            for (b, qb) in qrow.chunks_exact_mut(QK).enumerate() {
-                for (j, v) in xb.iter_mut().enumerate() {
-                    let pos = b * QK + j;
-                    *v = match (pos < n, order) {
-                        (false, _) => 0.0,
-                        (true, Some(o)) => row[o[pos] as usize],
-                        (true, None) => row[pos],
+        let rows = (a.q.par_chunks_mut(k))
+            .zip(a.d.par_chunks_mut(per_row))
+            .zip(a.start.par_chunks_mut(per_row))
+            .zip(a.ds.par_chunks_mut(per_row))
+            .zip(x.par_chunks(n));
+        rows.with_min_len(4)
+            .for_each(|((((qrow, d), start), ds), row)| {
+                let mut xb = [0f32; QK];
+                for (b, qb) in qrow.chunks_exact_mut(QK).enumerate() {
+                    let at = b * QK;
+                    let block: &[f32] = match order {
+                        None if at + QK <= n => &row[at..at + QK],
+                        _ => {
+                            for (j, v) in xb.iter_mut().enumerate() {
+                                *v = match (at + j < n, order) {
+                                    (false, _) => 0.0,
+                                    (true, Some(o)) => row[o[at + j] as usize],
+                                    (true, None) => row[at + j],
+                                };
+                            }
+                            &xb
+                        }
                     };
+                    let scale = super::blocks::quantize_block(block, qb);
+                    let sum: i32 = qb.iter().map(|&v| v as i32).sum();
+                    (d[b], start[b], ds[b]) = (scale, -128 * sum, scale * sum as f32);
                 }
-                let d = super::blocks::quantize_block(&xb, qb);
-                let sum: i32 = qb.iter().map(|&v| v as i32).sum();
-                a.d.push(d);
-                a.start.push(-128 * sum);
-                a.ds.push(d * sum as f32);
-            }
-        }
+            });
         a
     }
 
@@ -221,40 +218,63 @@ impl Tile {
     }
 }
 
+/// A down projection's neurons in quads: `quad(q)` is quad `q`'s down
+/// tile of `blocks` blocks of 32 outputs (per neuron its `f16` scales, then
+/// per block 128 bytes, output by output its four neurons' `c + 128`);
+/// `order`, when given, names per neuron position of the product (its
+/// column of the activations) the stored neuron `i` there — quad `i / 4`,
+/// lane `i % 4` (an arranged layer summed in its canonical order). `None`:
+/// stored neuron `i` is position `i`.
+#[derive(Clone, Copy)]
+pub(crate) struct QuadSource<'r> {
+    pub quad: &'r (dyn Fn(usize) -> &'r [u8] + Sync),
+    pub blocks: usize,
+    pub order: Option<&'r [u32]>,
+}
+
+impl<'r> QuadSource<'r> {
+    /// The tile and lane of the neuron at position `pos`.
+    #[inline]
+    pub(crate) fn neuron(&self, pos: usize) -> (&'r [u8], usize) {
+        let i = self.order.map_or(pos, |o| o[pos] as usize);
+        ((self.quad)(i / QUAD), i % QUAD)
+    }
+}
+
 /// Packs outputs `16·half..16·half + 16` of block `b` (outputs
 /// `32b..32b + 32`) of a down projection whose `k` neurons all lie in
-/// quads, in order (`quad(q)`: quad `q`'s down tile, `blocks` blocks of 32
-/// outputs: per neuron its `f16` scales, then per block 128 bytes, output
-/// by output its four neurons' `c + 128`): each output's weights `d_j·c`
-/// rounded to 8 bits per 32 neurons, to the bit as [`Tile::pack_columns`]
-/// does from their f32 values, but read in place — a quad's sixteen
-/// outputs' four bytes are already a tile's lanes of four. The portable
-/// reference; `x86_vnni_gemm::pack_quads` is the AVX-512 one (both halves
-/// in one pass over the quads), equal to
-/// the bit (the down projection's repacking: 10 % of a 1.5B bench's
-/// samples at 256 tokens before, through f32 values, 5 % in place).
-pub(crate) fn pack_quads_body<'a>(
+/// quads (`src`): each output's weights `d_j·c` rounded to 8 bits per 32
+/// neurons, to the bit as [`Tile::pack_columns`] does from their f32
+/// values, but read in place — in order, a quad's sixteen outputs' four
+/// bytes are already a tile's lanes of four. The portable reference;
+/// `x86_vnni_gemm::pack_quads` is the AVX-512 one (both halves in one
+/// pass over the quads), equal to the bit (the down projection's
+/// repacking: 10 % of a 1.5B bench's samples at 256 tokens before, through
+/// f32 values, 5 % in place).
+pub(crate) fn pack_quads_body(
     tile: &mut Tile,
-    quad: &dyn Fn(usize) -> &'a [u8],
-    (blocks, b, half): (usize, usize, usize),
+    src: &QuadSource,
+    (b, half): (usize, usize),
     k: usize,
 ) {
     use super::blocks::{f16_at, ROUND};
+    let blocks = src.blocks;
     assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
+    assert!(
+        src.order.is_none_or(|o| o.len() >= k),
+        "an order for each neuron"
+    );
     let groups = k / QK;
     tile.reset(groups, false);
     // Per group of 32 neurons: their values, neuron by neuron, 16 outputs each.
     let mut v = [[0f32; TILE]; QK];
     for gi in 0..groups {
-        for g in 0..QK / 4 {
-            let t = quad(gi * QK / 4 + g);
+        for (n, vn) in v.iter_mut().enumerate() {
+            let (t, j) = src.neuron(gi * QK + n);
             let w = &t[8 * blocks + 128 * b + 64 * half..8 * blocks + 128 * b + 64 * (half + 1)];
-            for j in 0..4 {
-                let d = f16_at(t, 2 * blocks * j + 2 * b);
-                let vn = &mut v[4 * g + j];
-                for r in 0..TILE {
-                    vn[r] = d * ((w[4 * r + j] ^ 0x80) as i8) as f32;
-                }
+            let d = f16_at(t, 2 * blocks * j + 2 * b);
+            for r in 0..TILE {
+                vn[r] = d * ((w[4 * r + j] ^ 0x80) as i8) as f32;
             }
         }
         let mut amax = [0f32; TILE];

@@ -6,7 +6,7 @@
 
 use super::blocks::{QFormat, QK};
 use super::planar::RowForm;
-use super::tiles::{Acts, Tile, TILE, TOKENS};
+use super::tiles::{Acts, QuadSource, Tile, TILE, TOKENS};
 use std::arch::x86_64::*;
 
 pub(crate) use super::cpu_features::avx512_vnni as available;
@@ -115,18 +115,19 @@ pub(crate) unsafe fn tile_product(
 /// bytes are one register; each neuron's values a byte plane of it,
 /// scaled; the rounded bytes put back in their planes. Both halves in one
 /// pass: their lines are adjacent in the quad, and its scales serve both.
+/// Under an order each neuron's plane is taken from its own quad's lines.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VL, and F16C ([`available`] implies
 /// them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-pub(crate) unsafe fn pack_quads<'a>(
-    tiles: &mut [Tile; 2],
-    quad: &dyn Fn(usize) -> &'a [u8],
-    (blocks, b): (usize, usize),
-    k: usize,
-) {
+pub(crate) unsafe fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usize, k: usize) {
+    let blocks = src.blocks;
     assert!(k.is_multiple_of(QK) && b < blocks);
+    assert!(
+        src.order.is_none_or(|o| o.len() >= k),
+        "an order for each neuron"
+    );
     let groups = k / QK;
     for tile in tiles.iter_mut() {
         // Every byte and scale written below.
@@ -137,6 +138,20 @@ pub(crate) unsafe fn pack_quads<'a>(
     let transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(
         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
     ));
+    // Byte `j` of each 32-bit lane of `w`, sign-extended: a neuron's codes.
+    let plane = |w: __m512i, j: usize| match j {
+        0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w)),
+        1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(w)),
+        2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(w)),
+        _ => _mm512_srai_epi32::<24>(w),
+    };
+    let line = |t: &[u8], at: usize| {
+        assert!(t.len() >= at + 64);
+        _mm512_xor_si512(
+            _mm512_loadu_si512(t.as_ptr().add(at) as *const __m512i),
+            flip,
+        )
+    };
     let mut v = [[_mm512_setzero_ps(); QK]; 2];
     const AHEAD: usize = 32;
     let at = 8 * blocks + 128 * b;
@@ -146,32 +161,29 @@ pub(crate) unsafe fn pack_quads<'a>(
             // The quad `AHEAD` on: its block's two lines, fetched now
             // (quads lie ~6 KB apart, a stride the hardware does not
             // follow; the scales, shared by the blocks before, are in L2).
-            let ahead = gi * QK / 4 + g + AHEAD;
-            if ahead < k / 4 {
-                let p = quad(ahead).as_ptr().add(at);
+            let ahead = 4 * (gi * QK / 4 + g + AHEAD);
+            if ahead < k {
+                let p = src.neuron(ahead).0.as_ptr().add(at);
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(p.add(64) as *const i8);
             }
-            let t = quad(gi * QK / 4 + g);
-            assert!(t.len() >= at + 128 && t.len() >= 8 * blocks);
+            // The four neurons' tiles and lanes (in order: one quad's four).
+            let pos = gi * QK + 4 * g;
+            let four: [(&[u8], usize); 4] = std::array::from_fn(|j| src.neuron(pos + j));
             let h: [u16; 8] = std::array::from_fn(|j| {
-                let s = 2 * blocks * (j % 4) + 2 * b;
+                let (t, lane) = four[j % 4];
+                let s = 2 * blocks * lane + 2 * b;
                 u16::from_le_bytes([t[s], t[s + 1]])
             });
             let d4 = _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
             let d: [f32; 4] = std::mem::transmute(d4);
             for half in 0..2 {
-                let w = _mm512_xor_si512(
-                    _mm512_loadu_si512(t.as_ptr().add(at + 64 * half) as *const __m512i),
-                    flip,
-                );
+                let whole = src.order.is_none().then(|| line(four[0].0, at + 64 * half));
                 for (j, &dj) in d.iter().enumerate() {
-                    // Byte `j` of each lane, sign-extended: the neuron's codes.
-                    let c = match j {
-                        0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w)),
-                        1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(w)),
-                        2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(w)),
-                        _ => _mm512_srai_epi32::<24>(w),
+                    let (t, lane) = four[j];
+                    let c = match whole {
+                        Some(w) => plane(w, j),
+                        None => plane(line(t, at + 64 * half), lane),
                     };
                     let x = _mm512_mul_ps(_mm512_set1_ps(dj), _mm512_cvtepi32_ps(c));
                     amax[half] = _mm512_max_ps(_mm512_abs_ps(x), amax[half]);

@@ -52,28 +52,55 @@ impl LayerSelector {
     /// a token's top `token_k` by |activation| (ties: larger Σ|a|, then
     /// lower row). Ascending.
     pub fn select(&self, a: &Tensor) -> Result<Vec<usize>> {
-        self.pick(&self.counts(a)?)
+        self.pick(&self.counts_in(a, None)?)
     }
 
     /// Per loaded row of `a [1, seq, n]`: hits and Σ|a| (see
     /// [`Self::counts_on_host`]), computed where `a` lives when that is
     /// possible. Counts of consecutive chunks of a prompt add up to the
     /// prompt's.
+    #[cfg(test)]
     pub(crate) fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
-        let a = match (&self.score, &self.down_norms) {
-            (Score::Wina, Some(c)) => {
-                a.broadcast_mul(&Tensor::new(c.as_slice(), a.device())?.to_dtype(a.dtype())?)?
-            }
+        self.counts_in(a, None)
+    }
+
+    /// [`Self::counts`] of activations `a` in an MLP's storage order:
+    /// `stored[c]` is the column of canonical row `c` (`None`: the same).
+    /// The energy scores read `a` through it on the CPU; otherwise `a` is
+    /// put in canonical order first.
+    pub(crate) fn counts_in(&self, a: &Tensor, stored: Option<&[u32]>) -> Result<PromptCounts> {
+        let weights = match (&self.score, &self.down_norms) {
+            (Score::Wina, Some(c)) => Some(c.as_slice()),
             (Score::Wina, None) => bail!("the wina score needs the down_proj column norms"),
-            _ => a.clone(),
+            _ => None,
         };
-        if self.score != Score::Counts {
+        let n = a.dim(D::Minus1)?;
+        if let Some(s) = stored.filter(|s| s.len() != n || s.iter().any(|&c| c as usize >= n)) {
+            bail!(
+                "a storage order of {} rows for {n} activations per token",
+                s.len()
+            );
+        }
+        if self.score != Score::Counts && a.device().is_cpu() && a.dtype() == DType::F32 {
+            let a = a.contiguous()?;
+            let energy =
+                crate::kernels::with_f32(&a, |v| Ok(energy_on_host(v, n, weights, stored)))?;
             return Ok(PromptCounts {
-                energy: self.energy(&a)?,
+                energy,
                 ..Default::default()
             });
         }
-        let (hits, mass) = if a.device().is_cpu() || a.dim(D::Minus1)? > DEVICE_SORT_MAX {
+        let a = match stored {
+            Some(s) => a.index_select(&Tensor::new(s, a.device())?, a.rank() - 1)?,
+            None => a.clone(),
+        };
+        if self.score != Score::Counts {
+            return Ok(PromptCounts {
+                energy: energy_on_device(&a, weights)?,
+                ..Default::default()
+            });
+        }
+        let (hits, mass) = if a.device().is_cpu() || n > DEVICE_SORT_MAX {
             self.counts_on_host(&a)?
         } else {
             self.counts_on_device(&a)?
@@ -83,16 +110,6 @@ impl LayerSelector {
             mass,
             energy: Vec::new(),
         })
-    }
-
-    /// Per loaded row of `a [1, seq, n]`: `Σ_t (a[t,j] / ‖a[t]‖₂)²`
-    /// (a token whose activations are all zero adds nothing).
-    fn energy(&self, a: &Tensor) -> Result<Vec<f64>> {
-        let a = a.squeeze(0)?.to_dtype(DType::F32)?;
-        let sq = a.sqr()?;
-        let norms = sq.sum_keepdim(1)?.clamp(f32::MIN_POSITIVE, f32::INFINITY)?;
-        let e = sq.broadcast_div(&norms)?.sum(0)?;
-        Ok(e.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
     }
 
     /// Per loaded row: in how many tokens' top `token_k` it is, and Σ|a|.
@@ -181,6 +198,87 @@ impl LayerSelector {
         chosen.sort_unstable();
         Ok(chosen)
     }
+}
+
+/// The energy scores' statistic, per loaded row `j` of `a [1, seq, n]`
+/// with weights `w` (`None`: 1): `Σ_t (w_j·a[t,j])² / Σ_i (w_i·a[t,i])²`,
+/// each token's share of its weighted energy (a token whose activations are
+/// all zero adds nothing). Here with tensor ops in f32, where `a` lives
+/// (the GPU); [`energy_on_host`] on the CPU.
+fn energy_on_device(a: &Tensor, w: Option<&[f32]>) -> Result<Vec<f64>> {
+    let a = a.squeeze(0)?.to_dtype(DType::F32)?;
+    let a = match w {
+        Some(w) => a.broadcast_mul(&Tensor::new(w, a.device())?)?,
+        None => a,
+    };
+    let sq = a.sqr()?;
+    let norms = sq.sum_keepdim(1)?.clamp(f32::MIN_POSITIVE, f32::INFINITY)?;
+    let e = sq.broadcast_div(&norms)?.sum(0)?;
+    Ok(e.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+/// [`energy_on_device`] on the host, in one pass over the prefill's
+/// activations where they lie (`n` per token, canonical row `c` in column
+/// `stored[c]`, each `< n`): per token, while its row is in cache,
+/// `1 / Σ_c w_c²·a_c²` (summed in canonical order in sixteen f32 lanes,
+/// then in f64), then every column's `a² / norm` added up in f32 over a
+/// group of 32 tokens (a rayon task each) and the groups' sums in f64, in
+/// order; the columns' sums times `w²`. The result depends on neither the
+/// storage order nor the threads.
+fn energy_on_host(a: &[f32], n: usize, w: Option<&[f32]>, stored: Option<&[u32]>) -> Vec<f64> {
+    use rayon::prelude::*;
+    const GROUP: usize = 32;
+    const LANES: usize = 16;
+    let w2: Vec<f32> = match w {
+        Some(w) => w.iter().map(|&x| x * x).collect(),
+        None => vec![1.0; n],
+    };
+    let whole = n - n % LANES;
+    let inv_norm = |row: &[f32]| {
+        let mut part = [0f32; LANES];
+        let at = |c: usize| stored.map_or(c, |s| s[c] as usize);
+        match stored {
+            None => {
+                for (x, w) in row[..whole].chunks_exact(LANES).zip(w2.chunks_exact(LANES)) {
+                    (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
+                }
+            }
+            Some(s) => {
+                for (i, w) in s[..whole].chunks_exact(LANES).zip(w2.chunks_exact(LANES)) {
+                    let x: [f32; LANES] = std::array::from_fn(|j| row[i[j] as usize]);
+                    (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
+                }
+            }
+        }
+        (whole..n).for_each(|c| part[c % LANES] += w2[c] * row[at(c)] * row[at(c)]);
+        let s: f64 = part.iter().map(|&p| f64::from(p)).sum();
+        if s > 0.0 {
+            (1.0 / s) as f32
+        } else {
+            0.0
+        }
+    };
+    let groups: Vec<Vec<f32>> = a
+        .par_chunks(GROUP * n)
+        .map(|rows| {
+            let mut e = vec![0f32; n];
+            for row in rows.chunks_exact(n) {
+                let k = inv_norm(row);
+                e.iter_mut().zip(row).for_each(|(o, &x)| *o += x * x * k);
+            }
+            e
+        })
+        .collect();
+    let mut by_column = vec![0f64; n];
+    for g in &groups {
+        by_column
+            .iter_mut()
+            .zip(g)
+            .for_each(|(o, &x)| *o += f64::from(x));
+    }
+    (0..n)
+        .map(|c| f64::from(w2[c]) * by_column[stored.map_or(c, |s| s[c] as usize)])
+        .collect()
 }
 
 /// A prompt's selection statistics for one layer, per loaded row: in how
@@ -290,5 +388,49 @@ mod tests {
             ..Default::default()
         };
         assert!(parts.add(mismatched).is_err());
+    }
+
+    #[test]
+    fn host_energies_match_the_tensor_ops_and_ignore_the_storage_order() {
+        // 70 tokens (groups of 32 and a rest), 83 rows (not a multiple of
+        // the sixteen lanes), a token of zeros among them.
+        let (tokens, n) = (70usize, 83usize);
+        let mut v: Vec<f32> = (0..tokens * n)
+            .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * (1 + i % 5) as f32)
+            .collect();
+        v[5 * n..6 * n].iter_mut().for_each(|x| *x = 0.0);
+        let w: Vec<f32> = (0..n).map(|j| 0.5 + (j % 7) as f32).collect();
+        let canonical = Tensor::from_vec(v.clone(), (1, tokens, n), &Device::Cpu).unwrap();
+        let sel = selector(Score::Wina, 20, Some(w.clone()));
+        let host = sel.counts(&canonical).unwrap().energy;
+        let ops = energy_on_device(&canonical, Some(&w)).unwrap();
+        for (j, (h, o)) in host.iter().zip(&ops).enumerate() {
+            assert!(
+                (h - o).abs() <= 1e-5 * o.abs().max(1e-3),
+                "row {j}: {h} vs {o}"
+            );
+        }
+        // The same activations stored in another order (canonical row `c`
+        // in column `stored[c]`): the same energies, to the bit.
+        let stored: Vec<u32> = (0..n as u32).map(|c| (c * 31 + 11) % n as u32).collect();
+        let mut moved = vec![0f32; v.len()];
+        for t in 0..tokens {
+            for c in 0..n {
+                moved[t * n + stored[c] as usize] = v[t * n + c];
+            }
+        }
+        let moved = Tensor::from_vec(moved, (1, tokens, n), &Device::Cpu).unwrap();
+        let again = sel.counts_in(&moved, Some(&stored)).unwrap().energy;
+        assert!(host
+            .iter()
+            .zip(&again)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut repeated = stored.clone();
+        repeated[1] = repeated[0];
+        let bad = sel.counts_in(&moved, Some(&repeated[..n - 1]));
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("storage order of 82 rows"));
     }
 }

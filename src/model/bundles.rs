@@ -479,9 +479,13 @@ impl Bundles {
                 pos += 1;
             }
         };
-        // Dense, every neuron in quads: the tiles straight from the quads.
-        let columns = match order.is_none() && n == in_quads && n.is_multiple_of(quant::QK) {
-            true => gemm_q::Columns::Quads(&tile_of, blocks),
+        // Every neuron in quads (any order): the tiles straight from them.
+        let columns = match n == in_quads && n.is_multiple_of(quant::QK) {
+            true => gemm_q::Columns::Quads(gemm_q::QuadSource {
+                quad: &tile_of,
+                blocks,
+                order,
+            }),
             false => gemm_q::Columns::Values(&block),
         };
         gemm_q::matmul_columns(h, columns, &acts, y);

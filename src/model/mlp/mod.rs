@@ -157,6 +157,12 @@ impl Mlp {
         stored
     }
 
+    /// The stored row of each canonical position, `None` in canonical order
+    /// (what selection reads prefill's activations through).
+    pub(crate) fn stored_order(&self) -> Option<Vec<u32>> {
+        self.order.as_ref().map(|_| self.stored_rows())
+    }
+
     /// Stores the same neurons with canonical positions `front` (ascending,
     /// no duplicates) first: `[gate_front; up_front; gate_back; up_back]`
     /// and `down_t [front; back]`, each segment in canonical order.
