@@ -17,7 +17,11 @@ applies) and `--model FOLDER` (dense q4, no preset) on the same ids,
 alternated; the table gives the preset's TTFT over dense's (the issue's
 "every shipped preset ≤ its model's dense q4"). Writes
 docs/bench/prefill-presets.json and, with --docs, the docs' table between
-the prefill-presets-table markers.
+the prefill-presets-table markers. --overlay FILE (with --presets): a node
+parameter file laid over each preset (its ros__parameters as `selectinfer
+bench` flags: `compute_ratio: 0.95` is `--compute-ratio 0.95`), e.g.
+config/planner-qwen0.5b.yaml; writes docs/bench/prefill-STEM.json and the
+table between the prefill-STEM-table markers.
 
 Prompts: for each model and length L, a chat prompt of exactly L token ids
 (the model's ChatML system + user turn + assistant header around the first
@@ -100,12 +104,31 @@ def tool_prompt(binary, model, env):
     return row.get("prompt_token_ids") or row.get("ids") or row["token_ids"]
 
 
+def overlay_flags(path):
+    """A node parameter file's ros__parameters as `selectinfer bench` flags."""
+    flags, inside = [], False
+    with open(path) as f:
+        for line in f:
+            text = line.split("#", 1)[0].rstrip()
+            if text.strip() == "ros__parameters:":
+                inside = True
+            elif inside and ":" in text and text.startswith("    "):
+                key, value = (x.strip() for x in text.split(":", 1))
+                if not value:
+                    sys.exit(f"{path}: parameter {key} has no scalar value")
+                flags += ["--" + key.replace("_", "-"), value]
+    if not flags:
+        sys.exit(f"{path}: no ros__parameters found")
+    return flags
+
+
 def ours(binary, model, ids, args, env, preset=False):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([ids], f)
     try:
         # A catalog name takes its preset (dtype included); a folder is dense.
-        flags = [] if preset else ["--dtype", args.dtype, *args.extra.split()]
+        flags = ((overlay_flags(args.overlay) if args.overlay else []) if preset
+                 else ["--dtype", args.dtype, *args.extra.split()])
         cmd = [binary, "bench", "--model", model, "--threads", str(args.threads),
                "--new-tokens", "2", "--prompt-ids", f.name, "--json", *flags]
         r = json.loads(subprocess.run(cmd, check=True, env=env, capture_output=True,
@@ -143,13 +166,18 @@ def main():
                     "(--presets: docs/bench/prefill-presets.json)")
     ap.add_argument("--presets", action="store_true",
                     help="each catalog model's preset against its dense q4 (no llama.cpp)")
+    ap.add_argument("--overlay", help="with --presets: a node parameter file laid over "
+                    "each preset (e.g. config/planner-qwen0.5b.yaml)")
     ap.add_argument("--docs", action="store_true",
                     help="write the table into docs/BENCHMARKS.md (between its prefill-table markers)")
     ap.add_argument("--docs-only", action="store_true",
                     help="no run: write --out's table into docs/BENCHMARKS.md")
     args = ap.parse_args()
-    args.out = args.out or os.path.join(
-        ROOT, "docs", "bench", "prefill-presets.json" if args.presets else "prefill.json")
+    if args.overlay and not args.presets:
+        sys.exit("--overlay lays a parameter file over the presets: give --presets too")
+    if args.overlay:
+        overlay_flags(args.overlay)  # refused now, not after the prompts are made
+    args.out = args.out or os.path.join(ROOT, "docs", "bench", result_name(vars(args)) + ".json")
     if args.docs_only:
         with open(args.out) as f:
             fill_docs(json.load(f))
@@ -184,8 +212,9 @@ def main():
                 print(json.dumps(row), file=sys.stderr, flush=True)
 
     if args.presets:
-        table = ["| model | prompt | tokens | dense q4 TTFT s | preset TTFT s "
-                 "| preset / dense TTFT (median, range) |", "|---|---|---|---|---|---|"]
+        rival = f"preset + {os.path.basename(args.overlay)}" if args.overlay else "preset"
+        table = [f"| model | prompt | tokens | dense q4 TTFT s | {rival} TTFT s "
+                 f"| {rival} / dense TTFT (median, range) |", "|---|---|---|---|---|---|"]
     else:
         table = ["| model | prompt | tokens | ours TTFT s | ours prefill tok/s | llama.cpp TTFT s "
                  "| llama.cpp prefill tok/s | ours / llama.cpp TTFT (median, range) |",
@@ -228,12 +257,19 @@ def main():
         fill_docs(result)
 
 
+def result_name(a):
+    """prefill, prefill-presets or prefill-STEM (an overlay's): the JSON's
+    name in docs/bench and the docs' markers."""
+    if a.get("overlay"):
+        return "prefill-" + os.path.splitext(os.path.basename(a["overlay"]))[0]
+    return "prefill-presets" if a.get("presets") else "prefill"
+
+
 def fill_docs(result):
     """Rewrites docs/BENCHMARKS.md's table between its prefill-table markers
     from a result of this script (its JSON)."""
     a = result["args"]
-    marker = "prefill-presets-table" if a.get("presets") else "prefill-table"
-    out = "prefill-presets.json" if a.get("presets") else "prefill.json"
+    marker, out = result_name(a) + "-table", result_name(a) + ".json"
     when = (f"Measured {result.get('date', '?')} (build {result.get('commit', '?')}), "
             f"{a['threads']} threads, {a['rounds']} "
             f"alternated round(s), {a['dtype']}; raw: `docs/bench/{out}`.")

@@ -1,5 +1,6 @@
 //! Gathering rows of a weight matrix into a new buffer, or permuting them
-//! in place (the per-prompt arrangement of the chosen neurons).
+//! in place (the per-prompt arrangement of the chosen neurons); gathering
+//! a row's values in an order by the runs it keeps ([`Runs`]).
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, Tensor};
 
@@ -220,6 +221,41 @@ mod tests {
     use candle_core::Device;
 
     #[test]
+    fn runs_read_each_chunk_as_the_order_names_it() {
+        let n = 75;
+        let row: Vec<f32> = (0..n).map(|i| i as f32 * 1.5 - 7.0).collect();
+        // Reversed (no run), an arrangement (chosen first: long runs), and
+        // in order (one run a chunk: the row's own slice).
+        let chosen = |c: usize| c % 9 != 4;
+        let front = (0..n).filter(|&c| chosen(c)).count() as u32;
+        let (mut f, mut r) = (0u32, front);
+        let arranged: Vec<u32> = (0..n)
+            .map(|c| {
+                let at = if chosen(c) { &mut f } else { &mut r };
+                *at += 1;
+                *at - 1
+            })
+            .collect();
+        let reversed: Vec<u32> = (0..n as u32).rev().collect();
+        let straight: Vec<u32> = (0..n as u32).collect();
+        for order in [&reversed, &arranged, &straight] {
+            for width in [1, 16, 32] {
+                let runs = Runs::new(order, n, width);
+                for (c, at) in (0..n).step_by(width).enumerate() {
+                    let len = width.min(n - at);
+                    let mut out = vec![f32::NAN; len];
+                    let got = runs.chunk(&row, c, &mut out).to_vec();
+                    let want: Vec<f32> = order[at..at + len]
+                        .iter()
+                        .map(|&i| row[i as usize])
+                        .collect();
+                    assert_eq!(got, want, "chunk {c} of width {width}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn merged_rows_come_from_the_named_tensor() {
         let a = Tensor::arange(0f32, 12., &Device::Cpu)
             .unwrap()
@@ -276,5 +312,55 @@ mod tests {
             .t()
             .unwrap();
         assert!(!permute_rows_in_place(&t, &[2, 1, 0]).unwrap());
+    }
+}
+
+/// Positions `0..n` of a row read in an order (`order[p]`: the column of
+/// position `p`), cut in chunks of `width`: per chunk the runs of
+/// positions whose columns follow one another, `(first position in the
+/// chunk, first column, length)`. An arrangement of chosen neurons keeps
+/// most neighbours together, so a chunk is a few copies, not `width`
+/// single reads; worked out once per order, used for every row.
+pub(crate) struct Runs {
+    /// Each chunk's runs: `runs[starts[c]..starts[c + 1]]`.
+    starts: Vec<usize>,
+    runs: Vec<(u32, u32, u32)>,
+}
+
+impl Runs {
+    pub(crate) fn new(order: &[u32], n: usize, width: usize) -> Self {
+        assert!(width > 0 && order.len() >= n);
+        let (mut starts, mut runs) = (vec![0], Vec::new());
+        for at in (0..n).step_by(width) {
+            let end = (at + width).min(n);
+            let mut p = at;
+            while p < end {
+                let first = order[p];
+                let mut len = 1;
+                while p + len < end && order[p + len] == first + len as u32 {
+                    len += 1;
+                }
+                runs.push(((p - at) as u32, first, len as u32));
+                p += len;
+            }
+            starts.push(runs.len());
+        }
+        Self { starts, runs }
+    }
+
+    /// Chunk `c`'s values of `row` into `out` (as long as the chunk), or
+    /// the slice of `row` itself when the chunk is one run.
+    #[inline]
+    pub(crate) fn chunk<'a>(&self, row: &'a [f32], c: usize, out: &'a mut [f32]) -> &'a [f32] {
+        let runs = &self.runs[self.starts[c]..self.starts[c + 1]];
+        if let [(0, first, len)] = runs {
+            let first = *first as usize;
+            return &row[first..first + *len as usize];
+        }
+        for &(dst, src, len) in runs {
+            let (dst, src, len) = (dst as usize, src as usize, len as usize);
+            out[dst..dst + len].copy_from_slice(&row[src..src + len]);
+        }
+        out
     }
 }

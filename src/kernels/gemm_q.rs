@@ -25,7 +25,7 @@ use super::blocks::{QFormat, QK};
 use super::planar::RowForm;
 pub(crate) use super::tiles::Acts;
 pub(crate) use super::tiles::QuadSource;
-use super::tiles::{Tile, TILE, TOKENS};
+use super::tiles::{Four, Tile, TILE, TOKENS};
 use std::cell::RefCell;
 
 /// `out[t · stride + r] = Σ_b (d_r·d_t·Σ (c − 0)·q + m_r·d_t·Σq)` for the
@@ -85,14 +85,14 @@ fn tile_product(tile: &Tile, x: &Acts, t0: usize, n: usize, out: &mut [[f32; TIL
 
 /// [`super::tiles::pack_quads_body`] of both halves of block `b` into
 /// `tiles`, on the best back end.
-fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usize, k: usize) {
+fn pack_quads(tiles: &mut [Tile; 2], fours: &[Four], blocks: usize, b: usize, k: usize) {
     #[cfg(target_arch = "x86_64")]
     if super::x86_vnni_gemm::available() {
         // SAFETY: AVX-512 VNNI implies F, BW and VL (checked).
-        return unsafe { super::x86_vnni_gemm::pack_quads(tiles, src, b, k) };
+        return unsafe { super::x86_vnni_gemm::pack_quads(tiles, fours, blocks, b, k) };
     }
     for (half, tile) in tiles.iter_mut().enumerate() {
-        super::tiles::pack_quads_body(tile, src, (b, half), k)
+        super::tiles::pack_quads_body(tile, fours, blocks, (b, half), k)
     }
 }
 
@@ -241,6 +241,11 @@ pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f3
         "matmul_columns output size"
     );
     let shared = SharedOut(out.as_mut_ptr(), out.len());
+    // The quads' neurons resolved once for every block.
+    let fours = match &columns {
+        Columns::Quads(src) => src.fours(k),
+        Columns::Values(_) => Vec::new(),
+    };
     (0..h / QK).into_par_iter().for_each(|b| {
         let shared = &shared;
         COLUMNS.with(|buf| {
@@ -255,7 +260,7 @@ pub(crate) fn matmul_columns(h: usize, columns: Columns, x: &Acts, out: &mut [f3
                         tile.pack_columns(vals, half, k);
                     }
                 }
-                Columns::Quads(src) => pack_quads(tiles, &src, b, k),
+                Columns::Quads(src) => pack_quads(tiles, &fours, src.blocks, b, k),
             }
             let mut res = [[0f32; TILE]; TOKENS];
             for (half, tile) in tiles.iter().enumerate() {
@@ -561,31 +566,49 @@ mod tests {
         };
         matmul_columns(h, Columns::Quads(src), &acts, &mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
-        // In an order: the values gathered in it, packed.
-        let order: Vec<u32> = (0..k as u32).map(|i| (i * 37 + 5) % k as u32).collect();
-        let gathered = |b: usize, vals: &mut [f32]| {
-            let mut all = vec![0f32; vals.len()];
-            fill(b, &mut all);
-            for (o, row) in vals.chunks_exact_mut(k).zip(all.chunks_exact(k)) {
-                o.iter_mut()
-                    .zip(&order)
-                    .for_each(|(v, &i)| *v = row[i as usize]);
-            }
-        };
-        let ordered = QuadSource {
-            order: Some(&order),
-            ..src
-        };
-        matmul_columns(h, Columns::Values(&gathered), &acts, &mut a);
-        matmul_columns(h, Columns::Quads(ordered), &acts, &mut b);
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // In an order: the values gathered in it, packed. Scrambled (no
+        // two neighbours stored together), and as an arrangement leaves a
+        // layer (the chosen first, each part in order: runs of neighbours
+        // not aligned to quads).
+        let scrambled: Vec<u32> = (0..k as u32).map(|i| (i * 37 + 5) % k as u32).collect();
+        let chosen = |c: usize| c % 7 != 3 && c % 11 != 0;
+        let front = (0..k).filter(|&c| chosen(c)).count();
+        let (mut f, mut r) = (0u32, front as u32);
+        let arranged: Vec<u32> = (0..k)
+            .map(|c| {
+                let at = if chosen(c) { &mut f } else { &mut r };
+                *at += 1;
+                *at - 1
+            })
+            .collect();
+        let mut sources = vec![src];
+        for order in [&scrambled, &arranged] {
+            let gathered = |b: usize, vals: &mut [f32]| {
+                let mut all = vec![0f32; vals.len()];
+                fill(b, &mut all);
+                for (o, row) in vals.chunks_exact_mut(k).zip(all.chunks_exact(k)) {
+                    o.iter_mut()
+                        .zip(order)
+                        .for_each(|(v, &i)| *v = row[i as usize]);
+                }
+            };
+            let ordered = QuadSource {
+                order: Some(order),
+                ..src
+            };
+            matmul_columns(h, Columns::Values(&gathered), &acts, &mut a);
+            matmul_columns(h, Columns::Quads(ordered), &acts, &mut b);
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            sources.push(ordered);
+        }
         // Both back ends of the packer (this CPU's and the portable one).
-        for src in [src, ordered] {
+        for src in sources {
+            let fours = src.fours(k);
             let mut pair = [Tile::default(), Tile::default()];
-            pack_quads(&mut pair, &src, 1, k);
+            pack_quads(&mut pair, &fours, blocks, 1, k);
             for (half, t1) in pair.into_iter().enumerate() {
                 let mut t2 = Tile::default();
-                crate::kernels::tiles::pack_quads_body(&mut t2, &src, (1, half), k);
+                crate::kernels::tiles::pack_quads_body(&mut t2, &fours, blocks, (1, half), k);
                 assert_eq!((t1.w, t1.d), (t2.w, t2.d), "half {half}");
             }
         }

@@ -52,6 +52,9 @@ impl Acts {
             start: vec![0; tokens * per_row],
             ds: vec![0.0; tokens * per_row],
         };
+        // In an order: each block's runs of neighbours, copied (an
+        // arranged layer keeps most neurons next to their neighbours).
+        let runs = order.map(|o| super::gather::Runs::new(o, n, QK));
         let rows = (a.q.par_chunks_mut(k))
             .zip(a.d.par_chunks_mut(per_row))
             .zip(a.start.par_chunks_mut(per_row))
@@ -59,21 +62,27 @@ impl Acts {
             .zip(x.par_chunks(n));
         rows.with_min_len(4)
             .for_each(|((((qrow, d), start), ds), row)| {
-                let mut xb = [0f32; QK];
+                let mut scratch = [0f32; QK];
+                let mut xb;
                 for (b, qb) in qrow.chunks_exact_mut(QK).enumerate() {
                     let at = b * QK;
-                    let block: &[f32] = match order {
-                        None if at + QK <= n => &row[at..at + QK],
-                        _ => {
-                            for (j, v) in xb.iter_mut().enumerate() {
-                                *v = match (at + j < n, order) {
-                                    (false, _) => 0.0,
-                                    (true, Some(o)) => row[o[at + j] as usize],
-                                    (true, None) => row[at + j],
-                                };
-                            }
-                            &xb
+                    let valid = n.saturating_sub(at).min(QK);
+                    let block: &[f32] = if valid == QK {
+                        match &runs {
+                            Some(r) => r.chunk(row, b, &mut scratch),
+                            None => &row[at..at + QK],
                         }
+                    } else {
+                        // The last block: zeros past `n`.
+                        xb = [0.0; QK];
+                        if valid > 0 {
+                            let got = match &runs {
+                                Some(r) => r.chunk(row, b, &mut scratch[..valid]),
+                                None => &row[at..n],
+                            };
+                            xb[..valid].copy_from_slice(got);
+                        }
+                        &xb
                     };
                     let scale = super::blocks::quantize_block(block, qb);
                     let sum: i32 = qb.iter().map(|&v| v as i32).sum();
@@ -239,11 +248,37 @@ impl<'r> QuadSource<'r> {
         let i = self.order.map_or(pos, |o| o[pos] as usize);
         ((self.quad)(i / QUAD), i % QUAD)
     }
+
+    /// Positions `0..k` by four, resolved once for every block the
+    /// packers read ([`Four`]).
+    pub(crate) fn fours(&self, k: usize) -> Vec<Four<'r>> {
+        assert!(k.is_multiple_of(QUAD) && self.order.is_none_or(|o| o.len() >= k));
+        (0..k)
+            .step_by(QUAD)
+            .map(|pos| {
+                let stored = |j: usize| self.order.map_or(pos + j, |o| o[pos + j] as usize);
+                Four {
+                    each: std::array::from_fn(|j| self.neuron(pos + j)),
+                    run: (1..QUAD).all(|j| stored(j) == stored(0) + j),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Four neighbouring positions of a down projection in quads: each
+/// neuron's tile and lane; `run`: stored one after another — lanes
+/// `each[0].1..4` of one quad then the first lanes of the next (`each[3]`'s),
+/// in order a whole quad.
+#[derive(Clone, Copy)]
+pub(crate) struct Four<'r> {
+    pub each: [(&'r [u8], usize); QUAD],
+    pub run: bool,
 }
 
 /// Packs outputs `16·half..16·half + 16` of block `b` (outputs
 /// `32b..32b + 32`) of a down projection whose `k` neurons all lie in
-/// quads (`src`): each output's weights `d_j·c` rounded to 8 bits per 32
+/// quads (`fours`, [`QuadSource::fours`]): each output's weights `d_j·c` rounded to 8 bits per 32
 /// neurons, to the bit as [`Tile::pack_columns`] does from their f32
 /// values, but read in place — in order, a quad's sixteen outputs' four
 /// bytes are already a tile's lanes of four. The portable reference;
@@ -253,24 +288,20 @@ impl<'r> QuadSource<'r> {
 /// f32 values, 5 % in place).
 pub(crate) fn pack_quads_body(
     tile: &mut Tile,
-    src: &QuadSource,
+    fours: &[Four],
+    blocks: usize,
     (b, half): (usize, usize),
     k: usize,
 ) {
     use super::blocks::{f16_at, ROUND};
-    let blocks = src.blocks;
-    assert!(k.is_multiple_of(QK) && half < 2 && b < blocks);
-    assert!(
-        src.order.is_none_or(|o| o.len() >= k),
-        "an order for each neuron"
-    );
+    assert!(k.is_multiple_of(QK) && half < 2 && b < blocks && fours.len() * QUAD >= k);
     let groups = k / QK;
     tile.reset(groups, false);
     // Per group of 32 neurons: their values, neuron by neuron, 16 outputs each.
     let mut v = [[0f32; TILE]; QK];
     for gi in 0..groups {
         for (n, vn) in v.iter_mut().enumerate() {
-            let (t, j) = src.neuron(gi * QK + n);
+            let (t, j) = fours[(gi * QK + n) / QUAD].each[n % QUAD];
             let w = &t[8 * blocks + 128 * b + 64 * half..8 * blocks + 128 * b + 64 * (half + 1)];
             let d = f16_at(t, 2 * blocks * j + 2 * b);
             for r in 0..TILE {

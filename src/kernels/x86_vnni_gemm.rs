@@ -6,7 +6,7 @@
 
 use super::blocks::{QFormat, QK};
 use super::planar::RowForm;
-use super::tiles::{Acts, QuadSource, Tile, TILE, TOKENS};
+use super::tiles::{Acts, Four, Tile, TILE, TOKENS};
 use std::arch::x86_64::*;
 
 pub(crate) use super::cpu_features::avx512_vnni as available;
@@ -121,13 +121,14 @@ pub(crate) unsafe fn tile_product(
 /// The CPU must have AVX-512 F, BW and VL, and F16C ([`available`] implies
 /// them).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-pub(crate) unsafe fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usize, k: usize) {
-    let blocks = src.blocks;
-    assert!(k.is_multiple_of(QK) && b < blocks);
-    assert!(
-        src.order.is_none_or(|o| o.len() >= k),
-        "an order for each neuron"
-    );
+pub(crate) unsafe fn pack_quads(
+    tiles: &mut [Tile; 2],
+    fours: &[Four],
+    blocks: usize,
+    b: usize,
+    k: usize,
+) {
+    assert!(k.is_multiple_of(QK) && b < blocks && fours.len() * 4 >= k);
     let groups = k / QK;
     for tile in tiles.iter_mut() {
         // Every byte and scale written below.
@@ -161,15 +162,18 @@ pub(crate) unsafe fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usiz
             // The quad `AHEAD` on: its block's two lines, fetched now
             // (quads lie ~6 KB apart, a stride the hardware does not
             // follow; the scales, shared by the blocks before, are in L2).
-            let ahead = 4 * (gi * QK / 4 + g + AHEAD);
-            if ahead < k {
-                let p = src.neuron(ahead).0.as_ptr().add(at);
+            let ahead = gi * QK / 4 + g + AHEAD;
+            if ahead < k / 4 {
+                let p = fours[ahead].each[0].0.as_ptr().add(at);
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(p.add(64) as *const i8);
             }
-            // The four neurons' tiles and lanes (in order: one quad's four).
-            let pos = gi * QK + 4 * g;
-            let four: [(&[u8], usize); 4] = std::array::from_fn(|j| src.neuron(pos + j));
+            // The four neurons' tiles and lanes. Four stored one after
+            // another (in order: one quad's four; arranged, most of a run
+            // of chosen neurons) lie in one quad's lines or two
+            // neighbours': each output's four bytes are shifted together
+            // from them, a lane of each. Otherwise neuron by neuron.
+            let Four { each: four, run } = fours[gi * QK / 4 + g];
             let h: [u16; 8] = std::array::from_fn(|j| {
                 let (t, lane) = four[j % 4];
                 let s = 2 * blocks * lane + 2 * b;
@@ -177,13 +181,28 @@ pub(crate) unsafe fn pack_quads(tiles: &mut [Tile; 2], src: &QuadSource, b: usiz
             });
             let d4 = _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
             let d: [f32; 4] = std::mem::transmute(d4);
+            let off = four[0].1 as i32;
             for half in 0..2 {
-                let whole = src.order.is_none().then(|| line(four[0].0, at + 64 * half));
+                let at = at + 64 * half;
+                // Bytes `off..4` of the first quad's lanes, then `0..off`
+                // of the next's.
+                let whole = match (run, off) {
+                    (false, _) => None,
+                    (true, 0) => Some(line(four[0].0, at)),
+                    (true, _) => Some(_mm512_or_si512(
+                        _mm512_srlv_epi32(line(four[0].0, at), _mm512_set1_epi32(8 * off)),
+                        _mm512_sllv_epi32(line(four[3].0, at), _mm512_set1_epi32(32 - 8 * off)),
+                    )),
+                };
                 for (j, &dj) in d.iter().enumerate() {
                     let (t, lane) = four[j];
                     let c = match whole {
                         Some(w) => plane(w, j),
-                        None => plane(line(t, at + 64 * half), lane),
+                        // Any lane, without a branch: shifted to the top.
+                        None => _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+                            line(t, at),
+                            _mm512_set1_epi32(24 - 8 * lane as i32),
+                        )),
                     };
                     let x = _mm512_mul_ps(_mm512_set1_ps(dj), _mm512_cvtepi32_ps(c));
                     amax[half] = _mm512_max_ps(_mm512_abs_ps(x), amax[half]);

@@ -179,14 +179,17 @@ impl LayerSelector {
             .iter()
             .for_each(|&p| is_static[p] = true);
         let mut candidates: Vec<usize> = (0..n).filter(|&i| !is_static[i]).collect();
-        match self.score {
-            Score::Counts => candidates.sort_by(|&x, &y| {
-                hits[y]
-                    .cmp(&hits[x])
-                    .then(mass[y].total_cmp(&mass[x]))
-                    .then(x.cmp(&y))
-            }),
-            _ => candidates.sort_by(|&x, &y| energy[y].total_cmp(&energy[x]).then(x.cmp(&y))),
+        // Best first; a total order (ties to the lower row), so the best
+        // `dynamic_k` are one set, found without sorting them all.
+        let better = |&x: &usize, &y: &usize| match self.score {
+            Score::Counts => hits[y]
+                .cmp(&hits[x])
+                .then(mass[y].total_cmp(&mass[x]))
+                .then(x.cmp(&y)),
+            _ => energy[y].total_cmp(&energy[x]).then(x.cmp(&y)),
+        };
+        if (1..candidates.len()).contains(&self.dynamic_k) {
+            candidates.select_nth_unstable_by(self.dynamic_k - 1, better);
         }
         candidates.truncate(self.dynamic_k);
         let mut chosen: Vec<usize> = self
@@ -234,21 +237,18 @@ fn energy_on_host(a: &[f32], n: usize, w: Option<&[f32]>, stored: Option<&[u32]>
         None => vec![1.0; n],
     };
     let whole = n - n % LANES;
+    let at = |c: usize| stored.map_or(c, |s| s[c] as usize);
+    // Sixteen canonical rows at a time: a slice, or copied by the runs an
+    // arrangement keeps.
+    let runs = stored.map(|s| crate::kernels::gather::Runs::new(s, n, LANES));
     let inv_norm = |row: &[f32]| {
-        let mut part = [0f32; LANES];
-        let at = |c: usize| stored.map_or(c, |s| s[c] as usize);
-        match stored {
-            None => {
-                for (x, w) in row[..whole].chunks_exact(LANES).zip(w2.chunks_exact(LANES)) {
-                    (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
-                }
-            }
-            Some(s) => {
-                for (i, w) in s[..whole].chunks_exact(LANES).zip(w2.chunks_exact(LANES)) {
-                    let x: [f32; LANES] = std::array::from_fn(|j| row[i[j] as usize]);
-                    (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
-                }
-            }
+        let (mut part, mut buf) = ([0f32; LANES], [0f32; LANES]);
+        for (i, w) in w2.chunks_exact(LANES).enumerate() {
+            let x = match &runs {
+                Some(r) => r.chunk(row, i, &mut buf),
+                None => &row[LANES * i..LANES * (i + 1)],
+            };
+            (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
         }
         (whole..n).for_each(|c| part[c % LANES] += w2[c] * row[at(c)] * row[at(c)]);
         let s: f64 = part.iter().map(|&p| f64::from(p)).sum();
