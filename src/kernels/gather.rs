@@ -215,6 +215,56 @@ pub(crate) fn permute_rows_in_place(t: &Tensor, src: &[u32]) -> Result<bool> {
     Ok(true)
 }
 
+/// Positions `0..n` of a row read in an order (`order[p]`: the column of
+/// position `p`), cut in chunks of `width`: per chunk the runs of
+/// positions whose columns follow one another, `(first position in the
+/// chunk, first column, length)`. An arrangement of chosen neurons keeps
+/// most neighbours together, so a chunk is a few copies, not `width`
+/// single reads; worked out once per order, used for every row.
+pub(crate) struct Runs {
+    /// Each chunk's runs: `runs[starts[c]..starts[c + 1]]`.
+    starts: Vec<usize>,
+    runs: Vec<(u32, u32, u32)>,
+}
+
+impl Runs {
+    pub(crate) fn new(order: &[u32], n: usize, width: usize) -> Self {
+        assert!(width > 0 && order.len() >= n);
+        let (mut starts, mut runs) = (vec![0], Vec::new());
+        for at in (0..n).step_by(width) {
+            let end = (at + width).min(n);
+            let mut p = at;
+            while p < end {
+                let first = order[p];
+                let mut len = 1;
+                while p + len < end && order[p + len] == first + len as u32 {
+                    len += 1;
+                }
+                runs.push(((p - at) as u32, first, len as u32));
+                p += len;
+            }
+            starts.push(runs.len());
+        }
+        Self { starts, runs }
+    }
+
+    /// Chunk `c`'s values of `row` into `out` (as long as the chunk), or
+    /// the slice of `row` itself when the chunk is one run.
+    #[inline]
+    pub(crate) fn chunk<'a>(&self, row: &'a [f32], c: usize, out: &'a mut [f32]) -> &'a [f32] {
+        let runs = &self.runs[self.starts[c]..self.starts[c + 1]];
+        if let [(0, first, len)] = runs {
+            let first = *first as usize;
+            return &row[first..first + *len as usize];
+        }
+        for &(dst, src, len) in runs {
+            let (dst, src, len) = (dst as usize, src as usize, len as usize);
+            out[dst..dst + len].copy_from_slice(&row[src..src + len]);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,55 +362,5 @@ mod tests {
             .t()
             .unwrap();
         assert!(!permute_rows_in_place(&t, &[2, 1, 0]).unwrap());
-    }
-}
-
-/// Positions `0..n` of a row read in an order (`order[p]`: the column of
-/// position `p`), cut in chunks of `width`: per chunk the runs of
-/// positions whose columns follow one another, `(first position in the
-/// chunk, first column, length)`. An arrangement of chosen neurons keeps
-/// most neighbours together, so a chunk is a few copies, not `width`
-/// single reads; worked out once per order, used for every row.
-pub(crate) struct Runs {
-    /// Each chunk's runs: `runs[starts[c]..starts[c + 1]]`.
-    starts: Vec<usize>,
-    runs: Vec<(u32, u32, u32)>,
-}
-
-impl Runs {
-    pub(crate) fn new(order: &[u32], n: usize, width: usize) -> Self {
-        assert!(width > 0 && order.len() >= n);
-        let (mut starts, mut runs) = (vec![0], Vec::new());
-        for at in (0..n).step_by(width) {
-            let end = (at + width).min(n);
-            let mut p = at;
-            while p < end {
-                let first = order[p];
-                let mut len = 1;
-                while p + len < end && order[p + len] == first + len as u32 {
-                    len += 1;
-                }
-                runs.push(((p - at) as u32, first, len as u32));
-                p += len;
-            }
-            starts.push(runs.len());
-        }
-        Self { starts, runs }
-    }
-
-    /// Chunk `c`'s values of `row` into `out` (as long as the chunk), or
-    /// the slice of `row` itself when the chunk is one run.
-    #[inline]
-    pub(crate) fn chunk<'a>(&self, row: &'a [f32], c: usize, out: &'a mut [f32]) -> &'a [f32] {
-        let runs = &self.runs[self.starts[c]..self.starts[c + 1]];
-        if let [(0, first, len)] = runs {
-            let first = *first as usize;
-            return &row[first..first + *len as usize];
-        }
-        for &(dst, src, len) in runs {
-            let (dst, src, len) = (dst as usize, src as usize, len as usize);
-            out[dst..dst + len].copy_from_slice(&row[src..src + len]);
-        }
-        out
     }
 }

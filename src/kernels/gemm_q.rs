@@ -571,7 +571,7 @@ mod tests {
         // layer (the chosen first, each part in order: runs of neighbours
         // not aligned to quads).
         let scrambled: Vec<u32> = (0..k as u32).map(|i| (i * 37 + 5) % k as u32).collect();
-        let chosen = |c: usize| c % 7 != 3 && c % 11 != 0;
+        let chosen = |c: usize| c % 7 != 3 && !c.is_multiple_of(11);
         let front = (0..k).filter(|&c| chosen(c)).count();
         let (mut f, mut r) = (0u32, front as u32);
         let arranged: Vec<u32> = (0..k)
