@@ -444,24 +444,35 @@ mod tests {
     }
 
     #[test]
-    fn q4_rows_pack_to_the_bit_on_every_back_end() {
-        // Q4_0 and Q4_1 rows mixed, full and partial tiles, block counts
-        // below, at and past the sixteen scales one conversion takes; rows
-        // in whole blocks and planar.
-        for (n, blocks) in [(16, 1), (5, 17), (16, 33), (11, 16)] {
+    fn q4_and_q5_rows_pack_to_the_bit_on_every_back_end() {
+        // Q4_0, Q4_1 and Q5_0 rows mixed, full and partial tiles, block
+        // counts below, at and past the sixteen scales one conversion takes
+        // (and Q5_0's planar fifth bits in groups of four blocks and a
+        // rest); rows in whole blocks and planar.
+        let formats = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0];
+        for (n, blocks) in [(16, 1), (5, 17), (16, 33), (11, 16), (16, 6)] {
             let k = blocks * QK;
-            let (q0, _, _) = case(QFormat::Q4_0, n, k, 1, 30 + n as u32);
-            let (q1, _, _) = case(QFormat::Q4_1, n, k, 1, 40 + n as u32);
-            let (mut p0, mut p1) = (q0.clone(), q1.clone());
-            planar::make_planar(QFormat::Q4_0, k, &mut p0);
-            planar::make_planar(QFormat::Q4_1, k, &mut p1);
-            let (rb0, rb1) = (QFormat::Q4_0.row_bytes(k), QFormat::Q4_1.row_bytes(k));
-            for (form, b0, b1) in [(RowForm::Blocks, &q0, &q1), (RowForm::Planar, &p0, &p1)] {
-                for mix in [0, 1, 3] {
+            let whole: Vec<Vec<u8>> = (formats.iter().enumerate())
+                .map(|(i, &f)| case(f, n, k, 1, 30 + 10 * i as u32 + n as u32).0)
+                .collect();
+            let planar: Vec<Vec<u8>> = (formats.iter().zip(&whole))
+                .map(|(&f, q)| {
+                    let mut p = q.clone();
+                    planar::make_planar(f, k, &mut p);
+                    p
+                })
+                .collect();
+            for (form, bytes) in [(RowForm::Blocks, &whole), (RowForm::Planar, &planar)] {
+                for mix in [0, 1, 2, 3, 4] {
                     let rows: Vec<(QFormat, &[u8])> = (0..n)
-                        .map(|r| match (mix, r % 3) {
-                            (1, _) | (3, 0) => (QFormat::Q4_1, &b1[r * rb1..(r + 1) * rb1]),
-                            _ => (QFormat::Q4_0, &b0[r * rb0..(r + 1) * rb0]),
+                        .map(|r| {
+                            let i = match mix {
+                                0..=2 => mix,
+                                3 => usize::from(r % 3 == 0),
+                                _ => r % 3,
+                            };
+                            let rb = formats[i].row_bytes(k);
+                            (formats[i], &bytes[i][r * rb..(r + 1) * rb])
                         })
                         .collect();
                     let (mut a, mut b) = (Tile::default(), Tile::default());

@@ -5,7 +5,7 @@
 //! [`super::gemm_q::tile_product_portable`]'s to the bit.
 
 use super::blocks::{QFormat, QK};
-use super::planar::RowForm;
+use super::planar::{self, RowForm};
 use super::tiles::{Acts, Four, Tile, TILE, TOKENS};
 use std::arch::x86_64::*;
 
@@ -236,12 +236,12 @@ pub(crate) unsafe fn pack_quads(
     }
 }
 
-/// True when [`pack_q4`] packs `rows`: `Q4_0` and `Q4_1` rows (mixed),
-/// planar (the gate and up rows where this back end runs) or whole blocks
-/// (the attention projections).
+/// True when [`pack_q4`] packs `rows`: `Q4_0`, `Q4_1` and `Q5_0` rows
+/// (mixed), planar (the gate and up rows where this back end runs) or
+/// whole blocks (the attention projections).
 pub(crate) fn packs(rows: &[(QFormat, &[u8])]) -> bool {
     rows.iter()
-        .all(|(f, _)| matches!(f, QFormat::Q4_0 | QFormat::Q4_1))
+        .all(|(f, _)| matches!(f, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0))
 }
 
 /// Scales `count` f16, `stride` bytes apart from `src[0]`, into
@@ -267,11 +267,13 @@ unsafe fn scatter_f16(src: &[u8], stride: usize, count: usize, dst: &mut [f32], 
     }
 }
 
-/// [`Tile::pack`] on AVX-512 for `Q4_0`/`Q4_1` rows in `form` ([`packs`]),
-/// to the bit: per block the sixteen rows' 16 bytes of nibbles (four 512-bit
-/// registers) transposed by 32-bit words, so that word `g` of every row
-/// is one register; its low nibbles are the tile's group `g`, its high
-/// ones group `g + 4`, each plus its row's offset (`c + 128`).
+/// [`Tile::pack`] on AVX-512 for `Q4_0`/`Q4_1`/`Q5_0` rows in `form`
+/// ([`packs`]), to the bit: per block the sixteen rows' 16 bytes of nibbles
+/// (four 512-bit registers) transposed by 32-bit words, so that word `g` of
+/// every row is one register; its low nibbles are the tile's group `g`, its
+/// high ones group `g + 4`, each with its fifth bits (`Q5_0`: bits
+/// `4g..4g + 4` and `16 + 4g..` of the block's `qh`, spread to bit 4 of
+/// each byte by one multiplication) plus its row's offset (`c + 128`).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F and BW, and F16C ([`available`] implies
@@ -281,12 +283,14 @@ pub(crate) unsafe fn pack_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: R
     assert!(rows.len() <= TILE && k.is_multiple_of(QK) && packs(rows));
     let blocks = k / QK;
     let any_min = rows.iter().any(|(f, _)| *f == QFormat::Q4_1);
+    let any_fifth = rows.iter().any(|(f, _)| *f == QFormat::Q5_0);
     // Every byte and scale written below.
     tile.size(blocks, any_min);
     // A missing row reads these nibbles (8: zero in `Q4_0`) for every block.
     static EIGHTS: [u8; 16] = [0x88; 16];
     let mut quants = [(EIGHTS.as_ptr(), 0usize); TILE];
-    // Per row its bytes' offset, four times: `Q4_0`'s `c = q − 8`, `Q4_1`'s `c = q`.
+    // Per row its bytes' offset, four times: `Q4_0`'s `c = q − 8`, `Q4_1`'s
+    // `c = q`, `Q5_0`'s `c = q − 16`.
     let mut offsets = [0x7878_7878u32; TILE];
     for r in 0..TILE {
         let Some(&(format, row)) = rows.get(r) else {
@@ -298,33 +302,54 @@ pub(crate) unsafe fn pack_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: R
             }
             continue;
         };
-        let (lead, block_bytes) = if format == QFormat::Q4_1 {
-            (4, 20)
-        } else {
-            (2, 18)
-        };
+        let block_bytes = format.block_bytes();
+        let lead = block_bytes - 16;
         assert_eq!(
             row.len(),
             blocks * block_bytes,
             "a row of {k} weights in {format:?}"
         );
-        // Planar: every scale, every minimum, then every block's quants;
-        // whole blocks: scale, minimum and quants block by block.
+        // Planar: every scale, every minimum or fifth bits, then every
+        // block's quants; whole blocks: the fields block by block.
         let (quant_at, step, min_at, stride) = match form {
             RowForm::Planar => (lead * blocks, 16, 2 * blocks, 2),
             RowForm::Blocks => (lead, block_bytes, 2, block_bytes),
         };
         quants[r] = (row.as_ptr().add(quant_at), step);
         scatter_f16(row, stride, blocks, &mut tile.d, r);
-        if format == QFormat::Q4_1 {
-            offsets[r] = 0x8080_8080;
-            scatter_f16(&row[min_at..], stride, blocks, &mut tile.m, r);
-        } else if any_min {
+        match format {
+            QFormat::Q4_1 => {
+                offsets[r] = 0x8080_8080;
+                scatter_f16(&row[min_at..], stride, blocks, &mut tile.m, r);
+            }
+            QFormat::Q5_0 => offsets[r] = 0x7070_7070,
+            _ => {}
+        }
+        if any_min && format != QFormat::Q4_1 {
             for b in 0..blocks {
                 tile.m[b * TILE + r] = 0.0;
             }
         }
     }
+    // Block `b`'s fifth bits of the sixteen rows (0 for the others).
+    let fifth_bits = |b: usize| {
+        let qh: [u32; TILE] = std::array::from_fn(|r| match rows.get(r) {
+            Some(&(QFormat::Q5_0, row)) => {
+                planar::fields_at(QFormat::Q5_0, form, row, blocks, b).qh
+            }
+            _ => 0,
+        });
+        _mm512_loadu_si512(qh.as_ptr() as *const __m512i)
+    };
+    // Four bits `x & 15` of each lane to bit 4 of its four bytes: the
+    // products land in disjoint ranges (no carries), the mask keeps one each.
+    let low4 = _mm512_set1_epi32(15);
+    let spread = _mm512_set1_epi32(0x0204_0810);
+    let bit4 = _mm512_set1_epi32(0x1010_1010);
+    let fifth = |qh: __m512i, shift: u32| {
+        let x = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(shift as i32)), low4);
+        _mm512_and_si512(_mm512_mullo_epi32(x, spread), bit4)
+    };
     let offsets = _mm512_loadu_si512(offsets.as_ptr() as *const __m512i);
     let nibble = _mm512_set1_epi8(0x0f);
     // Words 0 and 1 (2 and 3) of rows 0–7 from two registers of four rows each.
@@ -356,11 +381,28 @@ pub(crate) unsafe fn pack_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: R
             _mm512_shuffle_i64x2::<0xee>(c0, c1),
         ];
         let out = tile.w.as_mut_ptr().add(b * QK * TILE);
+        let qh = if any_fifth {
+            fifth_bits(b)
+        } else {
+            _mm512_setzero_si512()
+        };
         for (g, &w) in words.iter().enumerate() {
-            let lo = _mm512_add_epi8(_mm512_and_si512(w, nibble), offsets);
-            let hi = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble), offsets);
-            _mm512_storeu_si512(out.add(g * 64) as *mut __m512i, lo);
-            _mm512_storeu_si512(out.add((g + 4) * 64) as *mut __m512i, hi);
+            let (mut lo, mut hi) = (
+                _mm512_and_si512(w, nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble),
+            );
+            if any_fifth {
+                lo = _mm512_or_si512(lo, fifth(qh, 4 * g as u32));
+                hi = _mm512_or_si512(hi, fifth(qh, 16 + 4 * g as u32));
+            }
+            _mm512_storeu_si512(
+                out.add(g * 64) as *mut __m512i,
+                _mm512_add_epi8(lo, offsets),
+            );
+            _mm512_storeu_si512(
+                out.add((g + 4) * 64) as *mut __m512i,
+                _mm512_add_epi8(hi, offsets),
+            );
         }
     }
 }
