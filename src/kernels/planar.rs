@@ -107,7 +107,6 @@ pub(crate) fn fields_at(
 ) -> Fields<'_> {
     use super::blocks::f16_at;
     let u32_at = |at: usize| u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
-    let u16_at = |at: usize| u16::from_le_bytes([row[at], row[at + 1]]) as u32;
     if form == RowForm::Blocks || format == QFormat::Q8_0 {
         let b = i * format.block_bytes();
         return match format {
@@ -151,20 +150,28 @@ pub(crate) fn fields_at(
             qh: 0,
             qs: &row[4 * k + 16 * i..][..16],
         },
-        _ => {
-            let qh = if i / 4 < k / 4 {
-                let at = 2 * k + 16 * (i / 4) + 2 * (i % 4);
-                u16_at(at) | u16_at(at + 8) << 16
-            } else {
-                u32_at(2 * k + 4 * i)
-            };
-            Fields {
-                d: f16_at(row, 2 * i),
-                m: 0.0,
-                qh,
-                qs: &row[6 * k + 16 * i..][..16],
-            }
+        _ => Fields {
+            d: f16_at(row, 2 * i),
+            m: 0.0,
+            qh: fifth_bits_at(form, row, k, i),
+            qs: &row[6 * k + 16 * i..][..16],
+        },
+    }
+}
+
+/// The fifth bits `qh` of block `i` of a `Q5_0` row of `k` blocks stored
+/// in `form` (alone: the packers read the other fields their own way).
+#[inline]
+pub(crate) fn fifth_bits_at(form: RowForm, row: &[u8], k: usize, i: usize) -> u32 {
+    let u32_at = |at: usize| u32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    let u16_at = |at: usize| u16::from_le_bytes([row[at], row[at + 1]]) as u32;
+    match form {
+        RowForm::Blocks => u32_at(i * QFormat::Q5_0.block_bytes() + 2),
+        RowForm::Planar if i / 4 < k / 4 => {
+            let at = 2 * k + 16 * (i / 4) + 2 * (i % 4);
+            u16_at(at) | u16_at(at + 8) << 16
         }
+        RowForm::Planar => u32_at(2 * k + 4 * i),
     }
 }
 

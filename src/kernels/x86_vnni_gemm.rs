@@ -254,13 +254,19 @@ unsafe fn scatter_f16(src: &[u8], stride: usize, count: usize, dst: &mut [f32], 
     for from in (0..count).step_by(16) {
         let n = 16.min(count - from);
         let mut h = [0u16; 16];
-        for (i, hi) in h.iter_mut().enumerate().take(n) {
-            let at = (from + i) * stride;
-            *hi = u16::from_le_bytes([src[at], src[at + 1]]);
-        }
-        let v: [f32; 16] = std::mem::transmute(_mm512_cvtph_ps(_mm256_loadu_si256(
-            h.as_ptr() as *const __m256i
-        )));
+        // Planar scales lie together: sixteen in one load.
+        let p = match (stride, n) {
+            (2, 16) => src.as_ptr().add(2 * from),
+            _ => {
+                for (i, hi) in h.iter_mut().enumerate().take(n) {
+                    let at = (from + i) * stride;
+                    *hi = u16::from_le_bytes([src[at], src[at + 1]]);
+                }
+                h.as_ptr() as *const u8
+            }
+        };
+        let v: [f32; 16] =
+            std::mem::transmute(_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)));
         for (i, &x) in v.iter().enumerate().take(n) {
             dst[(from + i) * TILE + r] = x;
         }
