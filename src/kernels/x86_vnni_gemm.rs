@@ -340,9 +340,7 @@ pub(crate) unsafe fn pack_q4(tile: &mut Tile, rows: &[(QFormat, &[u8])], form: R
     // Block `b`'s fifth bits of the sixteen rows (0 for the others).
     let fifth_bits = |b: usize| {
         let qh: [u32; TILE] = std::array::from_fn(|r| match rows.get(r) {
-            Some(&(QFormat::Q5_0, row)) => {
-                planar::fields_at(QFormat::Q5_0, form, row, blocks, b).qh
-            }
+            Some(&(QFormat::Q5_0, row)) => planar::fifth_bits_at(form, row, blocks, b),
             _ => 0,
         });
         _mm512_loadu_si512(qh.as_ptr() as *const __m512i)
