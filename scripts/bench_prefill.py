@@ -107,6 +107,9 @@ def tool_prompt(binary, model, env):
 def overlay_flags(path):
     """A node parameter file's ros__parameters as `selectinfer bench` flags."""
     flags, inside = [], False
+    if not os.path.isfile(path):
+        where = "" if os.path.isabs(path) else f" (resolved against the working directory {os.getcwd()})"
+        sys.exit(f"--overlay {path}: no such file{where}")
     with open(path) as f:
         for line in f:
             text = line.split("#", 1)[0].rstrip()
@@ -127,8 +130,7 @@ def ours(binary, model, ids, args, env, preset=False):
         json.dump([ids], f)
     try:
         # A catalog name takes its preset (dtype included); a folder is dense.
-        flags = ((overlay_flags(args.overlay) if args.overlay else []) if preset
-                 else ["--dtype", args.dtype, *args.extra.split()])
+        flags = args.overlay_flags if preset else ["--dtype", args.dtype, *args.extra.split()]
         cmd = [binary, "bench", "--model", model, "--threads", str(args.threads),
                "--new-tokens", "2", "--prompt-ids", f.name, "--json", *flags]
         r = json.loads(subprocess.run(cmd, check=True, env=env, capture_output=True,
@@ -175,8 +177,8 @@ def main():
     args = ap.parse_args()
     if args.overlay and not args.presets:
         sys.exit("--overlay lays a parameter file over the presets: give --presets too")
-    if args.overlay:
-        overlay_flags(args.overlay)  # refused now, not after the prompts are made
+    # Read once, and refused now rather than after the prompts are made.
+    args.overlay_flags = overlay_flags(args.overlay) if args.overlay else []
     args.out = args.out or os.path.join(ROOT, "docs", "bench", result_name(vars(args)) + ".json")
     if args.docs_only:
         with open(args.out) as f:

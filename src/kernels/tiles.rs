@@ -278,9 +278,9 @@ pub(crate) struct Four<'r> {
 
 /// Packs outputs `16·half..16·half + 16` of block `b` (outputs
 /// `32b..32b + 32`) of a down projection whose `k` neurons all lie in
-/// quads (`fours`, [`QuadSource::fours`]): each output's weights `d_j·c` rounded to 8 bits per 32
-/// neurons, to the bit as [`Tile::pack_columns`] does from their f32
-/// values, but read in place — in order, a quad's sixteen outputs' four
+/// quads (`fours`, [`QuadSource::fours`]): each output's weights `d_j·c`
+/// rounded to 8 bits per 32 neurons, to the bit as [`Tile::pack_columns`]
+/// does from their f32 values, but read in place — in order, a quad's sixteen outputs' four
 /// bytes are already a tile's lanes of four. The portable reference;
 /// `x86_vnni_gemm::pack_quads` is the AVX-512 one (both halves in one
 /// pass over the quads), equal to the bit (the down projection's

@@ -55,19 +55,19 @@ impl LayerSelector {
         self.pick(&self.counts_in(a, None)?)
     }
 
-    /// Per loaded row of `a [1, seq, n]`: hits and Σ|a| (see
-    /// [`Self::counts_on_host`]), computed where `a` lives when that is
-    /// possible. Counts of consecutive chunks of a prompt add up to the
-    /// prompt's.
+    /// [`Self::counts_in`] of activations in canonical order.
     #[cfg(test)]
     pub(crate) fn counts(&self, a: &Tensor) -> Result<PromptCounts> {
         self.counts_in(a, None)
     }
 
-    /// [`Self::counts`] of activations `a` in an MLP's storage order:
-    /// `stored[c]` is the column of canonical row `c` (`None`: the same).
-    /// The energy scores read `a` through it on the CPU; otherwise `a` is
-    /// put in canonical order first.
+    /// Per loaded row of `a [1, seq, n]`: hits and Σ|a| (see
+    /// [`Self::counts_on_host`]) for [`Score::Counts`], else its energy,
+    /// computed where `a` lives when that is possible. `a` is in an MLP's
+    /// storage order: `stored[c]` is the column of canonical row `c`
+    /// (`None`: the same); the energy scores read `a` through it on the
+    /// CPU, otherwise `a` is put in canonical order first. Counts of
+    /// consecutive chunks of a prompt add up to the prompt's.
     pub(crate) fn counts_in(&self, a: &Tensor, stored: Option<&[u32]>) -> Result<PromptCounts> {
         let weights = match (&self.score, &self.down_norms) {
             (Score::Wina, Some(c)) => Some(c.as_slice()),

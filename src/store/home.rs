@@ -133,13 +133,12 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
     }
     let given = Path::new(setting);
     let folder = absolute(given)?;
-    let against = || resolved_against(given);
     if !folder.is_dir() {
         bail!(
             "model {setting}: the folder {} does not exist{}, and {setting} is not a catalog \
              name ({})",
             folder.display(),
-            against(),
+            resolved_against(given),
             known()
         );
     }
@@ -148,7 +147,7 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
             "model folder {}{} has no config.json: not a model folder (run `selectinfer \
              prepare-model NAME` for a catalog model)",
             folder.display(),
-            against()
+            resolved_against(given)
         );
     }
     Ok(ModelRef {
@@ -157,7 +156,6 @@ pub fn resolve(setting: &str, dtype: WeightDtype, missing: Missing) -> Result<Mo
     })
 }
 
-/// The catalog's names, for messages.
 /// For a relative `path` in an error: " (resolved against the working
 /// directory D)"; nothing for an absolute one.
 pub fn resolved_against(path: &Path) -> String {
@@ -170,6 +168,7 @@ pub fn resolved_against(path: &Path) -> String {
     }
 }
 
+/// The catalog's names, for messages.
 pub fn known() -> String {
     CATALOG
         .iter()
