@@ -2,7 +2,8 @@
 //! single-token (decode) path [`matvec`](mod@matvec), the fused SwiGLU MLP, RMSNorm, RoPE, decode
 //! attention and row gathers, and the [`quant`]ized-row (ggml block)
 //! forms of the products (rows of whole blocks or [`planar`]; the bundled
-//! MLP in [`quant_mlp`]), and the one polynomial [`exp`](mod@exp); for
+//! MLP in [`quant_mlp`]), the one polynomial [`exp`](mod@exp) and the
+//! selection statistic's column [`energy`]; for
 //! prefill the tiled 8-bit products ([`gemm_q`], tiles in `tiles`) and the
 //! blocked causal attention (`prefill_attention`); the ISA back ends apart (`x86`: AVX2/FMA/F16C,
 //! `x86_vnni`: AVX-512 VNNI for the quantized rows, `x86_vnni_planar` for
@@ -27,6 +28,7 @@
 mod attention;
 pub mod blocks;
 pub(crate) mod cpu_features;
+pub(crate) mod energy;
 pub(crate) mod exp;
 pub(crate) mod gather;
 pub(crate) mod gemm;
@@ -49,6 +51,8 @@ mod tiles;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_avxvnni_gemm;
+#[cfg(target_arch = "x86_64")]
+mod x86_energy;
 #[cfg(target_arch = "x86_64")]
 mod x86_q2;
 #[cfg(target_arch = "x86_64")]

@@ -10,6 +10,7 @@
 //! prefilled in chunks adds up its chunks' [`PromptCounts`] first.
 
 use super::params::Score;
+use crate::kernels::energy;
 use crate::model::Mlp;
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
@@ -220,62 +221,21 @@ fn energy_on_device(a: &Tensor, w: Option<&[f32]>) -> Result<Vec<f64>> {
     Ok(e.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
 }
 
-/// [`energy_on_device`] on the host, in one pass over the prefill's
-/// activations where they lie (`n` per token, canonical row `c` in column
-/// `stored[c]`, each `< n`): per token, while its row is in cache,
-/// `1 / Σ_c w_c²·a_c²` (summed in canonical order in sixteen f32 lanes,
-/// then in f64), then every column's `a² / norm` added up in f32 over a
-/// group of 32 tokens (a rayon task each) and the groups' sums in f64, in
-/// order; the columns' sums times `w²`. The result depends on neither the
-/// storage order nor the threads.
+/// [`energy_on_device`] on the host, on the prefill's activations where
+/// they lie (`n` per token, canonical row `c` in column `stored[c]`, each
+/// `< n`): per token `1 / Σ_c w_c²·a_c²` summed in canonical order, then
+/// every column's `a² / norm` summed over the tokens
+/// ([`energy::column_energies`]), times `w²`. The result depends
+/// on neither the storage order nor the threads nor the back end.
 fn energy_on_host(a: &[f32], n: usize, w: Option<&[f32]>, stored: Option<&[u32]>) -> Vec<f64> {
-    use rayon::prelude::*;
-    const GROUP: usize = 32;
-    const LANES: usize = 16;
+    if n == 0 {
+        return Vec::new();
+    }
     let w2: Vec<f32> = match w {
         Some(w) => w.iter().map(|&x| x * x).collect(),
         None => vec![1.0; n],
     };
-    let whole = n - n % LANES;
-    let at = |c: usize| stored.map_or(c, |s| s[c] as usize);
-    // Sixteen canonical rows at a time: a slice, or copied by the runs an
-    // arrangement keeps.
-    let runs = stored.map(|s| crate::kernels::gather::Runs::new(s, n, LANES));
-    let inv_norm = |row: &[f32]| {
-        let (mut part, mut buf) = ([0f32; LANES], [0f32; LANES]);
-        for (i, w) in w2.chunks_exact(LANES).enumerate() {
-            let x = match &runs {
-                Some(r) => r.chunk(row, i, &mut buf),
-                None => &row[LANES * i..LANES * (i + 1)],
-            };
-            (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
-        }
-        (whole..n).for_each(|c| part[c % LANES] += w2[c] * row[at(c)] * row[at(c)]);
-        let s: f64 = part.iter().map(|&p| f64::from(p)).sum();
-        if s > 0.0 {
-            (1.0 / s) as f32
-        } else {
-            0.0
-        }
-    };
-    let groups: Vec<Vec<f32>> = a
-        .par_chunks(GROUP * n)
-        .map(|rows| {
-            let mut e = vec![0f32; n];
-            for row in rows.chunks_exact(n) {
-                let k = inv_norm(row);
-                e.iter_mut().zip(row).for_each(|(o, &x)| *o += x * x * k);
-            }
-            e
-        })
-        .collect();
-    let mut by_column = vec![0f64; n];
-    for g in &groups {
-        by_column
-            .iter_mut()
-            .zip(g)
-            .for_each(|(o, &x)| *o += f64::from(x));
-    }
+    let by_column = energy::column_energies(a, n, &w2, stored);
     (0..n)
         .map(|c| f64::from(w2[c]) * by_column[stored.map_or(c, |s| s[c] as usize)])
         .collect()
