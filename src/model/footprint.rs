@@ -11,7 +11,8 @@ use std::path::Path;
 /// Bytes a model needs in memory, by part.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Footprint {
-    /// Embeddings, attention, norms, biases, lm_head: held whole in every mode.
+    /// Embeddings (unless a quantized checkpoint's stay in its file),
+    /// attention, norms, biases, lm_head: held whole in every mode.
     pub other_weights: u64,
     /// Per layer: one FFN neuron's gate row, up row and down column.
     pub neuron_bytes: Vec<u64>,
@@ -37,7 +38,13 @@ impl Footprint {
             Some(q) => {
                 let path = dir.join(qfile::file_name(q.name()));
                 let file = qfile::QFile::open(&path)?;
-                let other = file.header.tensors.values().map(|e| e.bytes).sum();
+                // The embedding table read as tokens come takes no memory.
+                let other = (file.header.tensors.iter())
+                    .filter(|(name, _)| {
+                        *name != super::embedding::TABLE || !super::embedding::stays_on_disk(&cfg)
+                    })
+                    .map(|(_, e)| e.bytes)
+                    .sum();
                 let neurons = file
                     .header
                     .ffn

@@ -13,6 +13,7 @@ mod block;
 pub(crate) mod bundles;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub(crate) mod embedding;
 pub(crate) mod footprint;
 mod head;
 pub(crate) mod head_screen;
@@ -100,9 +101,9 @@ pub struct LoadOptions {
 #[derive(Debug, Clone)]
 pub struct Model {
     cfg: Config,
-    /// The embedding table as a layer (tensor or quantized rows; a tied
-    /// lm_head shares it).
-    embed_tokens: Linear,
+    /// The embedding table (held, a tied lm_head sharing it, or read from
+    /// the quantized file as tokens come).
+    embed_tokens: embedding::Embedding,
     pub(crate) blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -240,7 +241,7 @@ impl Model {
         }
         Ok(Self {
             cfg: cfg.clone(),
-            embed_tokens,
+            embed_tokens: embedding::Embedding::Held(embed_tokens),
             blocks,
             norm,
             lm_head,
@@ -300,11 +301,15 @@ impl Model {
         }
         let file = qfile::QFile::open(&dir.join(qfile::file_name(q.name())))?;
         file.check(cfg, &weights_sha256(dir)?)?;
+        let file = std::sync::Arc::new(file);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed_tokens = Linear::with_weights(
-            linear::Weights::Quant(file.matrix(&[("model.embed_tokens.weight", v)], h)?),
-            None,
-        )?;
+        let embed_tokens = match embedding::stays_on_disk(cfg) {
+            true => embedding::Embedding::on_disk(file.clone(), embedding::TABLE, v, h)?,
+            false => embedding::Embedding::Held(Linear::with_weights(
+                linear::Weights::Quant(file.matrix(&[(embedding::TABLE, v)], h)?),
+                None,
+            )?),
+        };
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| {
                 // Held in ascending order, as the tensor path holds them.
@@ -321,13 +326,12 @@ impl Model {
                 Block::from_file(&file, cfg, i, mlp).with_context(|| format!("loading layer {i}"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed_tokens.clone()
-        } else {
-            Linear::with_weights(
+        let lm_head = match &embed_tokens {
+            embedding::Embedding::Held(table) => table.clone(),
+            embedding::Embedding::OnDisk { .. } => Linear::with_weights(
                 linear::Weights::Quant(file.matrix(&[("lm_head.weight", v)], h)?),
                 None,
-            )?
+            )?,
         };
         Ok(Self {
             cfg: cfg.clone(),
@@ -339,7 +343,7 @@ impl Model {
             max_context: Self::context(cfg, opts),
             device: Device::Cpu,
             streamed_from: None,
-            ffn_source: Some(FfnSource::Bundles(std::sync::Arc::new(file))),
+            ffn_source: Some(FfnSource::Bundles(file)),
             dtype: DType::F32,
             quant: Some(q),
             prefill_chunk: opts.prefill_chunk,
@@ -603,16 +607,7 @@ impl Model {
         mlps: Option<&[Option<Mlp>]>,
     ) -> Result<Tensor> {
         let (pos, h) = (cache.len(), self.cfg.hidden_size);
-        let mut x = match self.embed_tokens.weights() {
-            linear::Weights::Quant(q) => q.gather_rows(&[token])?,
-            linear::Weights::Dense(t) => crate::kernels::with_weight(t, |w| {
-                let r = token as usize * h..(token as usize + 1) * h;
-                Ok(match w {
-                    crate::kernels::Weight::F32(w) => w[r].to_vec(),
-                    crate::kernels::Weight::F16(w) => w[r].iter().map(|v| v.to_f32()).collect(),
-                })
-            })?,
-        };
+        let mut x = self.embed_tokens.rows(&[token])?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
             let mlp = mlps.and_then(|m| m[i].as_ref());
@@ -636,17 +631,10 @@ impl Model {
         mlps: Option<&[Option<Mlp>]>,
     ) -> Result<Tensor> {
         let pos = cache.len();
-        let mut x = match self.embed_tokens.weights() {
-            linear::Weights::Quant(q) => Tensor::from_vec(
-                q.gather_rows(tokens)?,
-                (tokens.len(), self.cfg.hidden_size),
-                &self.device,
-            )?,
-            linear::Weights::Dense(t) => t
-                .index_select(&Tensor::new(tokens, &self.device)?, 0)?
-                .to_dtype(DType::F32)?,
-        }
-        .unsqueeze(0)?;
+        let mut x = self
+            .embed_tokens
+            .lookup(tokens, &self.device)?
+            .unsqueeze(0)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate()
         {
             let streamed = match &self.streamed_from {

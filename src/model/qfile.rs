@@ -304,6 +304,47 @@ impl QFile {
         Ok(())
     }
 
+    /// The block format of tensor `name`, checked to be `[rows, cols]` of
+    /// one format (rows read one at a time by [`QFile::read_row`]).
+    pub(crate) fn row_format(&self, name: &str, rows: usize, cols: usize) -> Result<QFormat> {
+        let e = self.entry(name)?;
+        if e.shape != [rows, cols] {
+            bail!(
+                "{}: {name} has shape {:?}, the model config expects [{rows}, {cols}]",
+                self.path.display(),
+                e.shape
+            );
+        }
+        let f: QFormat =
+            (e.format.parse()).with_context(|| format!("{}: {name}", self.path.display()))?;
+        if e.bytes != (f.row_bytes(cols) * rows) as u64 {
+            bail!(
+                "{}: {name} holds {} bytes, not {rows} rows of {f:?}",
+                self.path.display(),
+                e.bytes
+            );
+        }
+        Ok(f)
+    }
+
+    /// Row `r` of tensor `name` (of [`QFile::row_format`]'s checked shape)
+    /// into `buf`, one row's bytes in whole blocks. Not counted in
+    /// [`QFile::bytes_read`] (a lookup at run time, not a load).
+    pub(crate) fn read_row(&self, name: &str, r: usize, buf: &mut [u8]) -> Result<()> {
+        let e = self.entry(name)?;
+        let at = e.offset + (r * buf.len()) as u64;
+        if at + buf.len() as u64 > e.offset + e.bytes {
+            bail!(
+                "{}: row {r} of {name} is past its {} bytes",
+                self.path.display(),
+                e.bytes
+            );
+        }
+        self.file
+            .read_exact_at(buf, self.data_start + at)
+            .with_context(|| format!("{}: reading row {r} of {name}", self.path.display()))
+    }
+
     /// A 1-D f32 tensor (a norm's weight, a bias).
     pub(crate) fn f32(&self, name: &str, len: usize) -> Result<Tensor> {
         let e = self.entry(name)?;

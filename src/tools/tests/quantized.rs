@@ -373,3 +373,38 @@ fn selective_modes_run_on_q4() {
         load_only.decode_weight_bytes
     );
 }
+
+#[test]
+fn embedding_rows_read_from_the_file_are_the_held_tables_rows() {
+    use crate::model::embedding::{self, Embedding};
+    use crate::model::linear::{Linear, Weights};
+    // Qwen's lm_head is a matrix of its own, so its q4 table stays in the
+    // file; read there, a row is the same bits as the held table's (whose
+    // rows may be planar).
+    let qwen = common::model_dir("qwen2.5-coder-0.5b-instruct");
+    if !crate::store::quantize::is_quantized(&qwen, Quant::Q4) {
+        crate::store::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
+    }
+    let cfg = crate::model::Config::from_file(&qwen.join("config.json")).unwrap();
+    assert!(embedding::stays_on_disk(&cfg));
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let file = std::sync::Arc::new(QFile::open(&qwen.join(qfile::file_name("q4"))).unwrap());
+    let disk = Embedding::on_disk(file.clone(), embedding::TABLE, v, h).unwrap();
+    let table = file.matrix(&[(embedding::TABLE, v)], h).unwrap();
+    let held = Embedding::Held(Linear::with_weights(Weights::Quant(table), None).unwrap());
+    let ids = [0, 1, v as u32 - 1, 42, 42, 9000];
+    let bits =
+        |e: &Embedding| -> Vec<u32> { e.rows(&ids).unwrap().iter().map(|x| x.to_bits()).collect() };
+    assert_eq!(bits(&disk), bits(&held));
+    let e = format!("{:#}", disk.rows(&[3, v as u32]).unwrap_err());
+    assert!(e.contains(&format!("token id {v}")), "{e}");
+    // The loaded model's footprint leaves the table out.
+    let opts = LoadOptions {
+        quant: Some(Quant::Q4),
+        ..LoadOptions::default()
+    };
+    let f = crate::model::footprint::Footprint::of(&qwen, &opts).unwrap();
+    let all: u64 = file.header.tensors.values().map(|e| e.bytes).sum();
+    let table = file.header.tensors[embedding::TABLE].bytes;
+    assert_eq!(f.other_weights, all - table);
+}
