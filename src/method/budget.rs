@@ -7,7 +7,7 @@
 //! swap merges a layer. A budget the mode cannot meet is refused with its
 //! floor in MiB.
 
-use super::params::SelectionParams;
+use super::params::{SelectionParams, LOAD_BLOCK};
 use super::Mode;
 use crate::model::footprint::Footprint;
 use anyhow::{bail, Result};
@@ -95,7 +95,9 @@ impl MemoryPlan {
             true => params.compute_ratio.max(MIN_LOAD_RATIO),
             false => MIN_LOAD_RATIO,
         };
-        let min_neurons = super::params::count(min_ratio, fp.width);
+        let min_neurons = (super::params::count(min_ratio, fp.width))
+            .next_multiple_of(LOAD_BLOCK)
+            .min(fp.width);
         let floor = match per_neuron {
             0 => fixed,
             _ => fixed + per_neuron * min_neurons as u64,
@@ -121,9 +123,13 @@ impl MemoryPlan {
                 }
             );
         }
+        // Whole blocks of neurons (`LOAD_BLOCK`), rounded down to fit.
         let n = match per_neuron {
             0 => 0,
-            p => (((budget - fixed) / p) as usize).min(fp.width),
+            p => match ((budget - fixed) / p) as usize {
+                n if n >= fp.width => fp.width,
+                n => n / LOAD_BLOCK * LOAD_BLOCK,
+            },
         };
         let held: Vec<usize> = (0..layers)
             .map(|l| match (sparse(l), mode.streams_ffn()) {
@@ -234,18 +240,19 @@ mod tests {
         // Three sparse layers and one layer's copy per held neuron.
         let budget = fixed + 4 * 1000 * 600 + 999;
         let plan = MemoryPlan::new(budget, &fp, resident, Mode::Selectinfer, &params()).unwrap();
-        assert_eq!(plan.held, vec![1000, 600, 600, 600]);
-        assert_eq!(plan.load_ratio, 0.6);
+        // 600 fit, whole blocks of 32 held.
+        assert_eq!(plan.held, vec![1000, 576, 576, 576]);
+        assert_eq!(plan.load_ratio, 0.576);
         assert!(plan.expected_peak() <= budget);
-        assert_eq!(plan.apply(Mode::Selectinfer, &params()).load_ratio, 0.6);
+        assert_eq!(plan.apply(Mode::Selectinfer, &params()).load_ratio, 0.576);
     }
 
     #[test]
     fn a_budget_below_the_floor_names_it() {
         let fp = footprint();
-        let p = params(); // φ 0.4
+        let p = params(); // φ 0.4: 400 neurons, 416 in whole blocks
         let err = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Selectinfer, &p).unwrap_err();
-        let floor = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 4 * 1000 * 400;
+        let floor = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 4 * 1000 * 416;
         let want = format!("floor of {:.0} MiB", floor as f64 / MIB);
         assert!(err.to_string().contains(&want), "{err}");
         let dense = MemoryPlan::new(150 << 20, &fp, 20 << 20, Mode::Dense, &p).unwrap_err();
@@ -261,8 +268,8 @@ mod tests {
         let budget = (20u64 << 20) + RUNTIME_MARGIN + (115 << 20) + 1_000_000 + 4 * 1000 * 200;
         let plan = MemoryPlan::new(budget, &fp, 20 << 20, Mode::LoadOnly, &params()).unwrap();
         let p = plan.apply(Mode::LoadOnly, &params());
-        assert_eq!(p.load_ratio, 0.2);
-        assert!(p.compute_ratio <= 0.2 && p.static_ratio <= p.compute_ratio);
+        assert_eq!(p.load_ratio, 0.192);
+        assert!(p.compute_ratio <= 0.192 && p.static_ratio <= p.compute_ratio);
         p.validate(4).unwrap();
     }
 }

@@ -191,6 +191,22 @@ pub fn count(ratio: f64, width: usize) -> usize {
     ((ratio * width as f64).round() as usize).min(width)
 }
 
+/// Neurons a loaded layer holds come in whole blocks of this many: the
+/// 8-bit block of the down projection's input in prefill, so the tiled
+/// kernels read a selectively loaded layer's quads in place (a count off
+/// the block took the dequantizing path: γ 0.97 prefilled 1.08-1.5× dense's
+/// time on the 0.5B, where whole blocks take less than dense's).
+pub const LOAD_BLOCK: usize = 32;
+
+/// The neurons a sparse layer loads for `ratio · width`: the nearest whole
+/// number of [`LOAD_BLOCK`]s, at least `at_least` (rounded up to a block),
+/// at most `width`.
+pub fn load_count(ratio: f64, width: usize, at_least: usize) -> usize {
+    let wanted = ratio * width as f64 / LOAD_BLOCK as f64;
+    let blocks = (wanted.round() as usize).max(at_least.div_ceil(LOAD_BLOCK));
+    (blocks * LOAD_BLOCK).min(width)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! layer are loaded, and which of them are static, built from a ranking
 //! file (or drawn at random for the `random-load` baseline).
 
-use super::params::{count, SelectionParams};
+use super::params::{count, load_count, SelectionParams};
 use super::ranking::Ranking;
 use crate::model::FfnRows;
 use anyhow::Result;
@@ -47,7 +47,8 @@ impl LayerPlan {
 
 impl LoadPlan {
     /// Base neurons of `params.task` first (top δ·N), then model-wide ones
-    /// not yet chosen, until γ·N per sparse layer.
+    /// not yet chosen, until γ·N per sparse layer (in whole
+    /// [`super::params::LOAD_BLOCK`]s).
     pub fn from_ranking(ranking: &Ranking, params: &SelectionParams) -> Result<Self> {
         let (layers, width) = (
             ranking.meta.model.num_hidden_layers,
@@ -76,17 +77,15 @@ impl LoadPlan {
     }
 
     /// Builds each layer from validated `params`: dense layers whole, the
-    /// others by `sparse(layer, γ·N, δ·N)`.
+    /// others by `sparse(layer, γ·N, δ·N)`, γ·N by [`load_count`].
     fn per_layer(
         layers: usize,
         width: usize,
         params: &SelectionParams,
         mut sparse: impl FnMut(usize, usize, usize) -> LayerPlan,
     ) -> Result<Self> {
-        let (n_load, n_static) = (
-            count(params.load_ratio, width),
-            count(params.static_ratio, width),
-        );
+        let n_static = count(params.static_ratio, width);
+        let n_load = load_count(params.load_ratio, width, n_static);
         let layers = (0..layers)
             .map(|l| match params.dense_layers.contains(&l) {
                 true => LayerPlan::dense(width),
