@@ -8,6 +8,7 @@
 //! AVX-512 back end (`x86_energy`) does lane for lane the operations of
 //! the portable one.
 
+use super::gather::Runs;
 use rayon::prelude::*;
 
 /// Lanes of the norm's partial sums: canonical column `c` adds into lane
@@ -26,7 +27,9 @@ pub(crate) const GROUP: usize = 32;
 /// distinct columns `< n` (checked by the caller).
 pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[u32]>) -> Vec<f64> {
     assert!(w2.len() == n && n > 0 && a.len().is_multiple_of(n));
-    assert!(stored.is_none_or(|s| s.len() == n));
+    // The gathers below read `row[stored[c]]`: every column must lie in the row.
+    assert!(stored.is_none_or(|s| s.len() == n && s.iter().all(|&c| (c as usize) < n)));
+    let runs = stored.map(|s| Runs::new(s, n, LANES));
     #[cfg(target_arch = "x86_64")]
     let simd = super::cpu_features::avx512_vnni();
     #[cfg(target_arch = "x86_64")]
@@ -48,7 +51,7 @@ pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[
                     }
                     continue;
                 }
-                let k = inv_norm(row, w2, stored);
+                let k = inv_norm_in_chunks(row, w2, stored, runs.as_ref());
                 add_scaled_squares(&mut e, row, k);
             }
             e
@@ -61,8 +64,31 @@ pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[
     out
 }
 
-/// One row's `k` of [`column_energies`], the portable form.
-pub(crate) fn inv_norm(row: &[f32], w2: &[f32], stored: Option<&[u32]>) -> f32 {
+/// One row's `k` of [`column_energies`], the portable form: sixteen
+/// canonical columns at a time, a slice of the row or copied by the runs
+/// `runs` (made from `stored`) keeps, so the lanes' loop vectorises.
+fn inv_norm_in_chunks(row: &[f32], w2: &[f32], stored: Option<&[u32]>, runs: Option<&Runs>) -> f32 {
+    let n = w2.len();
+    let whole = n - n % LANES;
+    let (mut part, mut buf) = ([0f32; LANES], [0f32; LANES]);
+    for (i, w) in w2[..whole].chunks_exact(LANES).enumerate() {
+        let x = match runs {
+            Some(r) => r.chunk(row, i, &mut buf),
+            None => &row[LANES * i..LANES * (i + 1)],
+        };
+        (0..LANES).for_each(|j| part[j] += w[j] * x[j] * x[j]);
+    }
+    for c in whole..n {
+        let x = row[stored.map_or(c, |s| s[c] as usize)];
+        part[c % LANES] += w2[c] * x * x;
+    }
+    lanes_to_inverse(&part)
+}
+
+/// One row's `k` of [`column_energies`] column by column: the definition
+/// the other forms are checked against.
+#[cfg(test)]
+fn inv_norm(row: &[f32], w2: &[f32], stored: Option<&[u32]>) -> f32 {
     let n = w2.len();
     let at = |c: usize| stored.map_or(c, |s| s[c] as usize);
     let mut part = [0f32; LANES];
@@ -142,6 +168,14 @@ mod tests {
                 Some(chosen_first.as_slice()),
             ] {
                 let want = reference(&a, n, &w2, stored);
+                let runs = stored.map(|s| Runs::new(s, n, LANES));
+                for row in a.chunks(n) {
+                    let (got, k) = (
+                        inv_norm_in_chunks(row, &w2, stored, runs.as_ref()),
+                        inv_norm(row, &w2, stored),
+                    );
+                    assert_eq!(got.to_bits(), k.to_bits(), "portable chunks n={n}");
+                }
                 let got = column_energies(&a, n, &w2, stored);
                 let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "n={n} rows={rows}");

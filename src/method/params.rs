@@ -198,18 +198,41 @@ pub fn count(ratio: f64, width: usize) -> usize {
 /// time on the 0.5B, where whole blocks take less than dense's).
 pub const LOAD_BLOCK: usize = 32;
 
-/// The neurons a sparse layer loads for `ratio · width`: the nearest whole
-/// number of [`LOAD_BLOCK`]s, at least `at_least` (rounded up to a block),
-/// at most `width`.
+/// The neurons a sparse layer loads for `ratio · width`: all of them when
+/// that rounds to `width`, else the nearest whole number of
+/// [`LOAD_BLOCK`]s, at least one and at least `at_least` (rounded up to a
+/// block), at most `width`. (φ·N is not raised with it: a selecting mode
+/// computes at most what is loaded.)
 pub fn load_count(ratio: f64, width: usize, at_least: usize) -> usize {
+    if count(ratio, width) >= width {
+        return width;
+    }
     let wanted = ratio * width as f64 / LOAD_BLOCK as f64;
-    let blocks = (wanted.round() as usize).max(at_least.div_ceil(LOAD_BLOCK));
+    let blocks = (wanted.round() as usize)
+        .max(1)
+        .max(at_least.div_ceil(LOAD_BLOCK));
     (blocks * LOAD_BLOCK).min(width)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loaded_counts_come_in_whole_blocks_except_all_of_a_layer() {
+        assert_eq!(load_count(0.97, 4864, 0), 4704, "147.4 blocks");
+        assert_eq!(load_count(0.7, 1536, 307), 1088, "33.6 blocks");
+        assert_eq!(load_count(0.1, 1536, 300), 320, "δ·N rounded up");
+        assert_eq!(load_count(0.001, 4864, 0), 32, "at least one block");
+        assert_eq!(
+            load_count(1.0, 1000, 0),
+            1000,
+            "a whole layer off the block"
+        );
+        assert_eq!(load_count(0.9999, 1000, 0), 1000);
+        assert_eq!(load_count(0.99, 1000, 0), 992);
+        assert_eq!(load_count(0.5, 40, 40), 40, "at most the width");
+    }
 
     fn params(compute_ratio: f64, layer_drop: Vec<f64>) -> SelectionParams {
         SelectionParams {

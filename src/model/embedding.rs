@@ -66,9 +66,15 @@ impl Embedding {
                 return Ok(t.index_select(&ids, 0)?.to_dtype(DType::F32)?);
             }
         }
-        let rows = self.rows(tokens)?;
-        let h = rows.len() / tokens.len().max(1);
-        Ok(Tensor::from_vec(rows, (tokens.len(), h), device)?)
+        let h = match self {
+            Self::Held(l) => l.dims()?.1,
+            Self::OnDisk { cols, .. } => *cols,
+        };
+        Ok(Tensor::from_vec(
+            self.rows(tokens)?,
+            (tokens.len(), h),
+            device,
+        )?)
     }
 
     /// The rows of `tokens`, dequantized to f32, one after another

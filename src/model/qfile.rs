@@ -308,11 +308,12 @@ impl QFile {
     /// one format (rows read one at a time by [`QFile::read_row`]).
     pub(crate) fn row_format(&self, name: &str, rows: usize, cols: usize) -> Result<QFormat> {
         let e = self.entry(name)?;
-        if e.shape != [rows, cols] {
+        if e.shape != [rows, cols] || !cols.is_multiple_of(crate::kernels::quant::QK) {
             bail!(
-                "{}: {name} has shape {:?}, the model config expects [{rows}, {cols}]",
+                "{}: {name} has shape {:?}, the model config expects [{rows}, {cols}] (whole blocks of {})",
                 self.path.display(),
-                e.shape
+                e.shape,
+                crate::kernels::quant::QK
             );
         }
         let f: QFormat =

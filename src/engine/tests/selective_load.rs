@@ -213,10 +213,11 @@ mod compute {
             "{} vs {want}",
             g.compute_ratio
         );
-        // Bytes per decode token: the loaded FFN (γ = 0.7 → 1075 neurons in
-        // sparse layers) is replaced by the computed one (614 neurons).
+        // Bytes per decode token: the loaded FFN (γ = 0.7 → 1088 neurons, 34
+        // blocks of 32, in sparse layers) is replaced by the computed one
+        // (614 neurons).
         let neuron_bytes = 3 * 576 * 4;
-        let loaded_ffn = (28 * 1075 + 2 * 1536) * neuron_bytes;
+        let loaded_ffn = (28 * 1088 + 2 * 1536) * neuron_bytes;
         let computed_ffn = (28 * 614 + 2 * 1536) * neuron_bytes;
         assert_eq!(
             g.decode_weight_bytes as usize,
