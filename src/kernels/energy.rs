@@ -24,7 +24,9 @@ pub(crate) const GROUP: usize = 32;
 /// canonical columns `c` in order, `x_c = row[stored[c]]` (`None`:
 /// `row[c]`), summed in [`LANES`] f32 lanes (`(w2·x)·x` each) and the lanes
 /// in f64 (`k = 0` for a row whose sum is 0). `stored` must hold `n`
-/// distinct columns `< n` (checked by the caller).
+/// distinct columns `< n` (asserted). Sixteen canonical columns are read
+/// at once by the runs of `stored` ([`Runs`]): in place where a chunk is
+/// one run, else copied (portable) or gathered (AVX-512).
 pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[u32]>) -> Vec<f64> {
     assert!(w2.len() == n && n > 0 && a.len().is_multiple_of(n));
     // The gathers below read `row[stored[c]]`: every column must lie in the row.
@@ -32,8 +34,6 @@ pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[
     let runs = stored.map(|s| Runs::new(s, n, LANES));
     #[cfg(target_arch = "x86_64")]
     let simd = super::cpu_features::avx512_vnni();
-    #[cfg(target_arch = "x86_64")]
-    let chunks = stored.map(|s| super::x86_energy::Chunks::new(s, n));
     let groups: Vec<Vec<f32>> = a
         .par_chunks(GROUP * n)
         .map(|rows| {
@@ -42,10 +42,10 @@ pub(crate) fn column_energies(a: &[f32], n: usize, w2: &[f32], stored: Option<&[
                 #[cfg(target_arch = "x86_64")]
                 if simd {
                     // SAFETY: AVX-512F is present (part of the VNNI set);
-                    // every stored column is below `n` (the caller checked).
+                    // every stored column is below `n` (asserted above).
                     unsafe {
                         let lanes =
-                            super::x86_energy::weighted_lanes(row, w2, stored, chunks.as_ref());
+                            super::x86_energy::weighted_lanes(row, w2, stored, runs.as_ref());
                         let k = lanes_to_inverse(&lanes);
                         super::x86_energy::add_scaled_squares(&mut e, row, k);
                     }

@@ -248,6 +248,16 @@ impl Runs {
         Self { starts, runs }
     }
 
+    /// Where chunk `c` starts in the row when it is one run (its values
+    /// side by side there), `None` when it is not.
+    #[inline]
+    pub(crate) fn one_run(&self, c: usize) -> Option<usize> {
+        match &self.runs[self.starts[c]..self.starts[c + 1]] {
+            [(0, first, _)] => Some(*first as usize),
+            _ => None,
+        }
+    }
+
     /// Chunk `c`'s values of `row` into `out` (as long as the chunk), or
     /// the slice of `row` itself when the chunk is one run.
     #[inline]

@@ -305,7 +305,8 @@ impl QFile {
     }
 
     /// The block format of tensor `name`, checked to be `[rows, cols]` of
-    /// one format (rows read one at a time by [`QFile::read_row`]).
+    /// one format in whole blocks (read whole by [`QFile::matrix`], or a row
+    /// at a time by [`QFile::read_row`]).
     pub(crate) fn row_format(&self, name: &str, rows: usize, cols: usize) -> Result<QFormat> {
         let e = self.entry(name)?;
         if e.shape != [rows, cols] || !cols.is_multiple_of(crate::kernels::quant::QK) {
@@ -372,20 +373,8 @@ impl QFile {
         let mut parts = Vec::new();
         let mut total = 0;
         for &(name, rows) in names {
-            let e = self.entry(name)?;
-            if e.shape != [rows, cols] {
-                bail!(
-                    "{}: {name} has shape {:?}, the model config expects [{rows}, {cols}]",
-                    self.path.display(),
-                    e.shape
-                );
-            }
-            let f: QFormat = e
-                .format
-                .parse()
-                .with_context(|| format!("{}: {name}", self.path.display()))?;
-            parts.push((f, rows));
-            total += e.bytes as usize;
+            parts.push((self.row_format(name, rows, cols)?, rows));
+            total += self.entry(name)?.bytes as usize;
         }
         let mut data = vec![0u8; total];
         let mut at = 0;
