@@ -122,6 +122,15 @@ fn prompt_longer_than_context() {
 }
 
 #[test]
+fn head_in_file_without_a_screen() {
+    let model = common::model_dir("smollm2-135m-instruct");
+    assert_clean_error(
+        &generate(&model, "hi", &["--head-in-file"]),
+        &["head_in_file", "head_screen > 0"],
+    );
+}
+
+#[test]
 fn bad_generation_options() {
     let model = common::model_dir("smollm2-135m-instruct");
     assert_clean_error(

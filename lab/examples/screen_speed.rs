@@ -5,8 +5,7 @@
 //! Run (after `selectinfer prepare-model qwen2.5-coder-0.5b-instruct`):
 //! cargo run --release -p selectinfer-lab --example screen_speed [MODEL_DIR] [K4] [K2]
 use selectinfer::kernels::spin_pool::SpinPool;
-use selectinfer::model::Linear;
-use selectinfer::model::{HeadScreen, ScreenBits};
+use selectinfer::model::{HeadScreen, Linear, LmHead, ScreenBits};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -27,7 +26,7 @@ fn main() -> anyhow::Result<()> {
         .to_dtype(candle_core::DType::F16)?;
     drop(st);
     let (n, h) = w.dims2()?;
-    let head = Linear::new(w, None)?;
+    let head = LmHead::Held(Linear::new(w, None)?);
     let t = Instant::now();
     let s4 = HeadScreen::build(&head, k4, ScreenBits::Four)?;
     let b4 = t.elapsed().as_secs_f64();

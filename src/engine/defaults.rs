@@ -36,6 +36,9 @@ pub struct Defaults {
     pub head_screen: usize,
     /// Bits a weight of the screen's copy takes.
     pub head_screen_bits: ScreenBits,
+    /// The lm_head's rows stay in the quantized checkpoint, read as the
+    /// screen picks them ([`crate::model::file_rows`]).
+    pub head_in_file: bool,
     /// γ, δ, φ, α (fractions of a layer's FFN width; see
     /// [`crate::method::params`]).
     pub load_ratio: f64,
@@ -82,6 +85,7 @@ pub const CLI: Defaults = Defaults {
     vocab: VocabRule::All,
     head_screen: 0,
     head_screen_bits: ScreenBits::Four,
+    head_in_file: false,
     load_ratio: 0.7,
     static_ratio: 0.2,
     compute_ratio: 0.4,
@@ -230,6 +234,7 @@ impl Default for LoadOptions {
             max_context: None,
             ffn: FfnRows::All,
             prefill_chunk: CLI.prefill_chunk,
+            head_in_file: false,
         }
     }
 }

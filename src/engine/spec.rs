@@ -70,6 +70,10 @@ pub struct EngineSpec {
     /// Bits a weight of the screen's copy takes (4 or 2).
     #[serde(default)]
     pub head_screen_bits: ScreenBits,
+    /// The lm_head's rows stay in the quantized checkpoint, read as the
+    /// screen picks them ([`crate::model::file_rows`]).
+    #[serde(default)]
+    pub head_in_file: bool,
 }
 
 impl EngineSpec {
@@ -233,12 +237,18 @@ impl EngineSpec {
 
     /// The load options these settings give (dtype, device, prefill chunk).
     pub(crate) fn load_options(&self) -> Result<LoadOptions> {
+        if self.head_in_file && self.head_screen == 0 {
+            bail!(
+                "head_in_file leaves the lm_head in the checkpoint for its screen to read a few rows a step: it needs head_screen > 0"
+            );
+        }
         Ok(LoadOptions {
             dtype: self.dtype.dtype(),
             quant: self.dtype.quant(),
             device: parse_device(&self.device)?,
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
+            head_in_file: self.head_in_file,
             ..Default::default()
         })
     }
@@ -261,6 +271,7 @@ impl Defaults {
             vocab: self.vocab,
             head_screen: self.head_screen,
             head_screen_bits: self.head_screen_bits,
+            head_in_file: self.head_in_file,
         }
     }
 }

@@ -5,58 +5,19 @@
 //! takes the process's memory (Qwen2.5-Coder-1.5B's is 139 MiB in q4),
 //! and the values are the same bits as a held table's.
 
+use super::file_rows::FileRows;
 use super::linear::{self, Linear};
-use super::qfile::QFile;
-use super::Config;
-use crate::kernels::{
-    planar::RowForm,
-    quant::{self, QFormat},
-};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use std::sync::Arc;
-
-/// The checkpoint's name of the table.
-pub(crate) const TABLE: &str = "model.embed_tokens.weight";
-
-/// Whether a quantized checkpoint's table stays in its file (read as
-/// tokens come): unless the lm_head shares it.
-pub(crate) fn stays_on_disk(cfg: &Config) -> bool {
-    !cfg.tie_word_embeddings
-}
 
 #[derive(Debug, Clone)]
 pub(crate) enum Embedding {
     Held(Linear),
-    /// Tensor `name` (`[rows, cols]`, one block format) of `file`.
-    OnDisk {
-        file: Arc<QFile>,
-        name: &'static str,
-        format: QFormat,
-        rows: usize,
-        cols: usize,
-    },
+    /// Rows read from the file as tokens come.
+    InFile(FileRows),
 }
 
 impl Embedding {
-    /// Rows of tensor `name` of `file` read on demand (its shape and
-    /// format checked now).
-    pub(crate) fn on_disk(
-        file: Arc<QFile>,
-        name: &'static str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self> {
-        let format = file.row_format(name, rows, cols)?;
-        Ok(Self::OnDisk {
-            file,
-            name,
-            format,
-            rows,
-            cols,
-        })
-    }
-
     /// `[tokens.len(), hidden]` f32 on `device`: a dense table's rows
     /// selected where it lives, the others as [`Embedding::rows`].
     pub(crate) fn lookup(&self, tokens: &[u32], device: &Device) -> Result<Tensor> {
@@ -68,7 +29,7 @@ impl Embedding {
         }
         let h = match self {
             Self::Held(l) => l.dims()?.1,
-            Self::OnDisk { cols, .. } => *cols,
+            Self::InFile(rows) => rows.cols(),
         };
         Ok(Tensor::from_vec(
             self.rows(tokens)?,
@@ -98,25 +59,7 @@ impl Embedding {
                     Ok(out)
                 })?),
             },
-            Self::OnDisk {
-                file,
-                name,
-                format,
-                rows,
-                cols,
-            } => {
-                let rb = format.row_bytes(*cols);
-                let (mut bytes, mut out) = (vec![0u8; rb], vec![0f32; tokens.len() * cols]);
-                for (&id, o) in tokens.iter().zip(out.chunks_exact_mut(*cols)) {
-                    if id as usize >= *rows {
-                        anyhow::bail!("token id {id} is outside the embedding's {rows} rows");
-                    }
-                    file.read_row(name, id as usize, &mut bytes)
-                        .with_context(|| format!("embedding row of token {id}"))?;
-                    quant::dequantize_row_in(*format, RowForm::Blocks, &bytes, o);
-                }
-                Ok(out)
-            }
+            Self::InFile(rows) => rows.gather(tokens, "token id"),
         }
     }
 }

@@ -11,8 +11,8 @@ use std::path::Path;
 /// Bytes a model needs in memory, by part.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Footprint {
-    /// Embeddings (unless a quantized checkpoint's stay in its file),
-    /// attention, norms, biases, lm_head: held whole in every mode.
+    /// Embeddings and lm_head (unless a quantized checkpoint's stay in its
+    /// file), attention, norms, biases: held whole in every mode.
     pub other_weights: u64,
     /// Per layer: one FFN neuron's gate row, up row and down column.
     pub neuron_bytes: Vec<u64>,
@@ -38,10 +38,10 @@ impl Footprint {
             Some(q) => {
                 let path = dir.join(qfile::file_name(q.name()));
                 let file = qfile::QFile::open(&path)?;
-                // The embedding table read as tokens come takes no memory.
+                // The matrices read from the file take no memory.
                 let other = (file.header.tensors.iter())
                     .filter(|(name, _)| {
-                        *name != super::embedding::TABLE || !super::embedding::stays_on_disk(&cfg)
+                        !super::file_rows::stays_in_file(name, &cfg, opts.head_in_file)
                     })
                     .map(|(_, e)| e.bytes)
                     .sum();

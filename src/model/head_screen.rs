@@ -13,7 +13,8 @@
 //! weight and one scale a row: half the bytes again; enough on Qwen2.5's
 //! 896-wide rows with `k` in the hundreds, far from it on SmolLM2's;
 //! docs/RESULTS.md).
-use super::linear::{Linear, QMatrix, Weights};
+use super::linear::QMatrix;
+use super::lm_head::LmHead;
 use super::vocab::OutputVocab;
 use crate::kernels::q2;
 use crate::kernels::quant::{Q8Act, QFormat};
@@ -149,7 +150,7 @@ impl Ord for Score {
 impl HeadScreen {
     /// The screen of `head` (`[vocab, hidden]`, any dtype on the CPU), its
     /// copy in `bits`, computing `k` rows exactly per step (1 ≤ k ≤ vocab).
-    pub fn build(head: &Linear, k: usize, bits: ScreenBits) -> Result<Self> {
+    pub fn build(head: &LmHead, k: usize, bits: ScreenBits) -> Result<Self> {
         let (n, cols) = head.dims()?;
         check_k(k, n)?;
         if bits == ScreenBits::Four && !cols.is_multiple_of(crate::kernels::quant::QK) {
@@ -162,18 +163,8 @@ impl HeadScreen {
         for r0 in (0..n).step_by(BUILD_ROWS) {
             let r1 = (r0 + BUILD_ROWS).min(n);
             let f = &mut buf[..(r1 - r0) * cols];
-            match head.weights() {
-                Weights::Quant(q) => q.dequantize_rows(r0..r1, f),
-                Weights::Dense(t) => {
-                    let rows = t
-                        .narrow(0, r0, r1 - r0)?
-                        .to_dtype(candle_core::DType::F32)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()
-                        .context("head_screen: reading the lm_head's rows (CPU only)")?;
-                    f.copy_from_slice(&rows);
-                }
-            }
+            head.dequantize_rows(r0..r1, f)
+                .with_context(|| format!("head_screen: reading rows {r0}..{r1} of the lm_head"))?;
             let out = &mut data[r0 * rb..r1 * rb];
             match bits {
                 ScreenBits::Four => {
@@ -209,7 +200,7 @@ impl HeadScreen {
     }
 
     /// Refuses a head this screen was not built for (by shape).
-    pub(crate) fn check_head(&self, head: &Linear) -> Result<()> {
+    pub(crate) fn check_head(&self, head: &LmHead) -> Result<()> {
         let (n, cols) = head.dims()?;
         if (self.copy.rows(), self.copy.cols()) != (n, cols) {
             bail!(
@@ -242,7 +233,7 @@ impl HeadScreen {
 
     /// Bytes one step reads: the screen's rows of `vocab` (all without
     /// one) and `k` of `head`'s rows.
-    pub(crate) fn step_bytes(&self, head: &Linear, vocab: Option<&OutputVocab>) -> usize {
+    pub(crate) fn step_bytes(&self, head: &LmHead, vocab: Option<&OutputVocab>) -> usize {
         let rows = vocab.map_or(self.copy.rows(), OutputVocab::rows);
         self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k)
     }
@@ -252,7 +243,7 @@ impl HeadScreen {
     /// them replaced by `head`'s exact logits (bias added).
     pub fn logits(
         &self,
-        head: &Linear,
+        head: &LmHead,
         x: &[f32],
         vocab: Option<&OutputVocab>,
     ) -> Result<Vec<f32>> {
@@ -323,9 +314,9 @@ mod tests {
     use super::*;
     use crate::kernels::test_data::data;
 
-    fn head(rows: usize, cols: usize) -> Linear {
+    fn head(rows: usize, cols: usize) -> LmHead {
         let w = Tensor::from_vec(data(rows * cols, 3), (rows, cols), &Device::Cpu).unwrap();
-        Linear::new(w, None).unwrap()
+        LmHead::Held(crate::model::linear::Linear::new(w, None).unwrap())
     }
 
     #[test]

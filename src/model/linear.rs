@@ -377,12 +377,6 @@ impl Linear {
         Ok(())
     }
 
-    /// Bytes of weights `rows` of this layer's rows read.
-    pub(crate) fn rows_bytes(&self, rows: usize) -> usize {
-        let (out, _) = self.dims().unwrap_or((1, 0));
-        (self.weight_bytes() as u128 * rows as u128 / out.max(1) as u128) as usize
-    }
-
     /// `x [.., in]` (f32) → `[.., out]` (f32).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if is_single_row(x) && x.device().is_cpu() {

@@ -14,11 +14,13 @@ pub(crate) mod bundles;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod embedding;
+pub(crate) mod file_rows;
 pub(crate) mod footprint;
 mod head;
 pub(crate) mod head_screen;
 pub(crate) mod kv_cache;
 pub(crate) mod linear;
+pub(crate) mod lm_head;
 pub(crate) mod mlp;
 mod norm;
 pub(crate) mod qfile;
@@ -36,6 +38,7 @@ pub(crate) use config::Family;
 pub use head_screen::{HeadScreen, ScreenBits};
 pub use kv_cache::KvCache;
 pub use linear::Linear;
+pub use lm_head::LmHead;
 pub(crate) use mlp::Mlp;
 pub(crate) use norm::RmsNorm;
 use rope::Rope;
@@ -96,6 +99,9 @@ pub struct LoadOptions {
     /// the attention scores (`heads × chunk × context`) and MLP activations
     /// of a long prompt never exist whole. Same logits up to rounding.
     pub prefill_chunk: usize,
+    /// A quantized checkpoint's lm_head of its own stays in its file
+    /// ([`file_rows`]): its screen reads the rows it computes exactly.
+    pub head_in_file: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -106,7 +112,7 @@ pub struct Model {
     embed_tokens: embedding::Embedding,
     pub(crate) blocks: Vec<Block>,
     norm: RmsNorm,
-    lm_head: Linear,
+    lm_head: lm_head::LmHead,
     rope: Rope,
     max_context: usize,
     device: Device,
@@ -244,7 +250,7 @@ impl Model {
             embed_tokens: embedding::Embedding::Held(embed_tokens),
             blocks,
             norm,
-            lm_head,
+            lm_head: lm_head::LmHead::Held(lm_head),
             rope: Rope::new(cfg, max_context, &opts.device)?,
             max_context,
             device: opts.device.clone(),
@@ -264,6 +270,12 @@ impl Model {
         cfg.validate()?;
         if opts.prefill_chunk == 0 {
             bail!("prefill_chunk must be at least 1 token");
+        }
+        if opts.head_in_file && (cfg.tie_word_embeddings || opts.quant.is_none()) {
+            log::warn!(
+                "head_in_file ignored: only a quantized checkpoint's lm_head of its own stays in the file (this one is {})",
+                if cfg.tie_word_embeddings { "the embedding table's, held" } else { "not quantized" }
+            );
         }
         if let FfnRows::Layers(layers) = &opts.ffn {
             if layers.len() != cfg.num_hidden_layers {
@@ -303,10 +315,14 @@ impl Model {
         file.check(cfg, &weights_sha256(dir)?)?;
         let file = std::sync::Arc::new(file);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed_tokens = match embedding::stays_on_disk(cfg) {
-            true => embedding::Embedding::on_disk(file.clone(), embedding::TABLE, v, h)?,
+        let in_file = |name| file_rows::stays_in_file(name, cfg, opts.head_in_file);
+        let table = file_rows::EMBEDDING;
+        let embed_tokens = match in_file(table) {
+            true => {
+                embedding::Embedding::InFile(file_rows::FileRows::open(file.clone(), table, v, h)?)
+            }
             false => embedding::Embedding::Held(Linear::with_weights(
-                linear::Weights::Quant(file.matrix(&[(embedding::TABLE, v)], h)?),
+                linear::Weights::Quant(file.matrix(&[(table, v)], h)?),
                 None,
             )?),
         };
@@ -326,12 +342,18 @@ impl Model {
                 Block::from_file(&file, cfg, i, mlp).with_context(|| format!("loading layer {i}"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = match &embed_tokens {
-            embedding::Embedding::Held(table) => table.clone(),
-            embedding::Embedding::OnDisk { .. } => Linear::with_weights(
-                linear::Weights::Quant(file.matrix(&[("lm_head.weight", v)], h)?),
+        let head = file_rows::HEAD;
+        let lm_head = match (&embed_tokens, in_file(head)) {
+            (embedding::Embedding::Held(table), _) if cfg.tie_word_embeddings => {
+                lm_head::LmHead::Held(table.clone())
+            }
+            (_, true) => {
+                lm_head::LmHead::InFile(file_rows::FileRows::open(file.clone(), head, v, h)?)
+            }
+            (_, false) => lm_head::LmHead::Held(Linear::with_weights(
+                linear::Weights::Quant(file.matrix(&[(head, v)], h)?),
                 None,
-            )?,
+            )?),
         };
         Ok(Self {
             cfg: cfg.clone(),

@@ -306,7 +306,7 @@ impl QFile {
 
     /// The block format of tensor `name`, checked to be `[rows, cols]` of
     /// one format in whole blocks (read whole by [`QFile::matrix`], or a row
-    /// at a time by [`QFile::read_row`]).
+    /// at a time by [`QFile::read_rows`]).
     pub(crate) fn row_format(&self, name: &str, rows: usize, cols: usize) -> Result<QFormat> {
         let e = self.entry(name)?;
         if e.shape != [rows, cols] || !cols.is_multiple_of(crate::kernels::quant::QK) {
@@ -329,22 +329,43 @@ impl QFile {
         Ok(f)
     }
 
-    /// Row `r` of tensor `name` (of [`QFile::row_format`]'s checked shape)
-    /// into `buf`, one row's bytes in whole blocks. Not counted in
-    /// [`QFile::bytes_read`] (a lookup at run time, not a load).
-    pub(crate) fn read_row(&self, name: &str, r: usize, buf: &mut [u8]) -> Result<()> {
+    /// Rows `first..` of tensor `name` (of [`QFile::row_format`]'s checked
+    /// shape, rows of `row_bytes`) into `buf`, whole rows in whole blocks.
+    /// Not counted in [`QFile::bytes_read`] (a lookup at run time, not a
+    /// load).
+    pub(crate) fn read_rows(
+        &self,
+        name: &str,
+        first: usize,
+        row_bytes: usize,
+        buf: &mut [u8],
+    ) -> Result<()> {
         let e = self.entry(name)?;
-        let at = e.offset + (r * buf.len()) as u64;
-        if at + buf.len() as u64 > e.offset + e.bytes {
+        let at = e.offset + (first * row_bytes) as u64;
+        if row_bytes == 0
+            || !buf.len().is_multiple_of(row_bytes)
+            || at + buf.len() as u64 > e.offset + e.bytes
+        {
             bail!(
-                "{}: row {r} of {name} is past its {} bytes",
+                "{}: {} bytes from row {first} of {name} (rows of {row_bytes}) are not whole rows within its {} bytes",
                 self.path.display(),
+                buf.len(),
                 e.bytes
             );
         }
         self.file
             .read_exact_at(buf, self.data_start + at)
-            .with_context(|| format!("{}: reading row {r} of {name}", self.path.display()))
+            .with_context(|| {
+                format!(
+                    "{}: reading rows from {first} of {name}",
+                    self.path.display()
+                )
+            })
+    }
+
+    /// The file's path.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
     }
 
     /// A 1-D f32 tensor (a norm's weight, a bias).

@@ -27,6 +27,7 @@ pub const KEYS: &[&str] = &[
     "vocab",
     "head_screen",
     "head_screen_bits",
+    "head_in_file",
     "dense_layers",
     "layer_drop",
 ];

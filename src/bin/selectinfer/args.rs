@@ -64,6 +64,11 @@ pub struct ModelArgs {
     /// models only: docs/RESULTS.md).
     #[arg(long, default_value_t = CLI.head_screen_bits)]
     pub head_screen_bits: ScreenBits,
+    /// The lm_head's rows stay in the quantized checkpoint (a model with
+    /// an lm_head of its own, q8/q4): the screen reads the K rows it
+    /// computes each step, a grammar's step every row. Needs --head-screen.
+    #[arg(long, default_value_t = CLI.head_in_file)]
+    pub head_in_file: bool,
     #[command(flatten)]
     pub method: MethodArgs,
 }
@@ -172,6 +177,7 @@ impl ModelArgs {
             "vocab" => self.vocab = parse(text)?,
             "head_screen" => self.head_screen = parse(text)?,
             "head_screen_bits" => self.head_screen_bits = parse(text)?,
+            "head_in_file" => self.head_in_file = parse(text)?,
             "mode" => m.mode = parse(text)?,
             "load_ratio" => m.load_ratio = parse(text)?,
             "static_ratio" => m.static_ratio = parse(text)?,
@@ -219,6 +225,7 @@ impl ModelArgs {
             vocab: self.vocab,
             head_screen: self.head_screen,
             head_screen_bits: self.head_screen_bits,
+            head_in_file: self.head_in_file,
         }
     }
 }

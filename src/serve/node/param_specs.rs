@@ -152,6 +152,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Int(2, 4),
     ),
     shared(
+        "head_in_file",
+        "the lm_head's rows stay in the quantized checkpoint (q8/q4, a model with an lm_head of its own): head_screen's exact rows are read each step (Qwen2.5-Coder-1.5B q4: 236 MiB less memory), a grammar request's step reads every row from the file (slower); needs head_screen > 0 (load-time)",
+        false,
+        Values::Any,
+    ),
+    shared(
         "gate_keep",
         "kappa: per decode token, the share of computed neurons whose up/down rows run (largest |silu(gate)| per 64); 1 = no gating; f32/f16 (load-time)",
         false,

@@ -300,6 +300,7 @@ impl NodeParams {
                 e.head_screen_bits =
                     ScreenBits::from_bits(int(name, v)?).context("parameter head_screen_bits")?;
             }
+            "head_in_file" => e.head_in_file = boolean(name, v)?,
             "dense_layers" => {
                 self.dense_layers_raw = match v {
                     ParameterValue::IntegerArray(a) => a.clone(),
@@ -382,6 +383,7 @@ impl NodeParams {
             "vocab" => ParameterValue::String(e.vocab.name().into()),
             "head_screen" => ParameterValue::Integer(e.head_screen as i64),
             "head_screen_bits" => ParameterValue::Integer(e.head_screen_bits.bits() as i64),
+            "head_in_file" => ParameterValue::Bool(e.head_in_file),
             "dense_layers" => ParameterValue::IntegerArray(self.dense_layers_raw.clone()),
             "plan_seed" => ParameterValue::Integer(e.plan_seed as i64),
             "dtype" => ParameterValue::String(e.dtype.name().into()),
@@ -429,7 +431,7 @@ impl NodeParams {
         });
         format!(
             "model {} in {} ({preset}; {:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, \
-             gate_keep {}, vocab {}, head_screen {} ({}-bit), dense layers {:?}, layer_drop {layer_drop}, \
+             gate_keep {}, vocab {}, head_screen {} ({}-bit{}), dense layers {:?}, layer_drop {layer_drop}, \
              queue_depth {}",
             self.model,
             e.model.display(),
@@ -446,6 +448,7 @@ impl NodeParams {
             e.vocab,
             e.head_screen,
             e.head_screen_bits,
+            if e.head_in_file { ", head in file" } else { "" },
             p.dense_layers,
             self.queue_depth
         )

@@ -374,37 +374,114 @@ fn selective_modes_run_on_q4() {
     );
 }
 
-#[test]
-fn embedding_rows_read_from_the_file_are_the_held_tables_rows() {
-    use crate::model::embedding::{self, Embedding};
-    use crate::model::linear::{Linear, Weights};
-    // Qwen's lm_head is a matrix of its own, so its q4 table stays in the
-    // file; read there, a row is the same bits as the held table's (whose
-    // rows may be planar).
+/// Qwen2.5-Coder-0.5B's q4 checkpoint (written if missing), its config.
+fn qwen_q4() -> (PathBuf, crate::model::Config, std::sync::Arc<QFile>) {
     let qwen = common::model_dir("qwen2.5-coder-0.5b-instruct");
     if !crate::store::quantize::is_quantized(&qwen, Quant::Q4) {
         crate::store::quantize::quantize_model(&qwen, Quant::Q4).unwrap();
     }
     let cfg = crate::model::Config::from_file(&qwen.join("config.json")).unwrap();
-    assert!(embedding::stays_on_disk(&cfg));
-    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let file = std::sync::Arc::new(QFile::open(&qwen.join(qfile::file_name("q4"))).unwrap());
-    let disk = Embedding::on_disk(file.clone(), embedding::TABLE, v, h).unwrap();
-    let table = file.matrix(&[(embedding::TABLE, v)], h).unwrap();
-    let held = Embedding::Held(Linear::with_weights(Weights::Quant(table), None).unwrap());
+    (qwen, cfg, file)
+}
+
+#[test]
+fn embedding_rows_read_from_the_file_are_the_held_tables_rows() {
+    use crate::model::embedding::Embedding;
+    use crate::model::file_rows::{self, FileRows};
+    use crate::model::linear::{Linear, Weights};
+    // Qwen's lm_head is a matrix of its own, so its q4 table stays in the
+    // file; read there, a row is the same bits as the held table's (whose
+    // rows may be planar).
+    let (qwen, cfg, file) = qwen_q4();
+    let table = file_rows::EMBEDDING;
+    assert!(file_rows::stays_in_file(table, &cfg, false));
+    assert!(!file_rows::stays_in_file(file_rows::HEAD, &cfg, false));
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let disk = Embedding::InFile(FileRows::open(file.clone(), table, v, h).unwrap());
+    let held = Embedding::Held(
+        Linear::with_weights(Weights::Quant(file.matrix(&[(table, v)], h).unwrap()), None).unwrap(),
+    );
     let ids = [0, 1, v as u32 - 1, 42, 42, 9000];
     let bits =
         |e: &Embedding| -> Vec<u32> { e.rows(&ids).unwrap().iter().map(|x| x.to_bits()).collect() };
     assert_eq!(bits(&disk), bits(&held));
     let e = format!("{:#}", disk.rows(&[3, v as u32]).unwrap_err());
-    assert!(e.contains(&format!("token id {v}")), "{e}");
-    // The loaded model's footprint leaves the table out.
-    let opts = LoadOptions {
-        quant: Some(Quant::Q4),
-        ..LoadOptions::default()
+    assert!(
+        e.contains(&format!("token id {v}")) && e.contains(table),
+        "{e}"
+    );
+    // The loaded model's footprint leaves the table out, and the lm_head
+    // too where it stays in the file.
+    for head_in_file in [false, true] {
+        let opts = LoadOptions {
+            quant: Some(Quant::Q4),
+            head_in_file,
+            ..LoadOptions::default()
+        };
+        let f = crate::model::footprint::Footprint::of(&qwen, &opts).unwrap();
+        let bytes = |name: &str| file.header.tensors[name].bytes;
+        let all: u64 = file.header.tensors.values().map(|e| e.bytes).sum();
+        let head = if head_in_file {
+            bytes(file_rows::HEAD)
+        } else {
+            0
+        };
+        assert_eq!(f.other_weights, all - bytes(table) - head);
+    }
+}
+
+#[test]
+fn lm_head_rows_read_from_the_file_are_the_held_heads_bits() {
+    use crate::kernels::test_data::data;
+    use crate::model::file_rows::{self, FileRows};
+    use crate::model::head_screen::{HeadScreen, ScreenBits};
+    use crate::model::linear::{Linear, Weights};
+    use crate::model::lm_head::LmHead;
+    use crate::model::vocab::OutputVocab;
+    let (_, cfg, file) = qwen_q4();
+    let (v, h, name) = (cfg.vocab_size, cfg.hidden_size, file_rows::HEAD);
+    let held = LmHead::Held(
+        Linear::with_weights(Weights::Quant(file.matrix(&[(name, v)], h).unwrap()), None).unwrap(),
+    );
+    let disk = LmHead::InFile(FileRows::open(file.clone(), name, v, h).unwrap());
+    let bits = |y: Vec<f32>| -> Vec<u32> { y.iter().map(|x| x.to_bits()).collect() };
+    let x: Vec<f32> = data(h, 5).iter().map(|x| 4.0 * x).collect();
+    assert_eq!(
+        bits(disk.forward_row(&x).unwrap()),
+        bits(held.forward_row(&x).unwrap())
+    );
+    let ids = [0, 1, 2, 700, 701, 9000, v as u32 - 1];
+    assert_eq!(
+        bits(disk.forward_row_ids(&x, &ids).unwrap()),
+        bits(held.forward_row_ids(&x, &ids).unwrap())
+    );
+    let vocab = OutputVocab::new(v, 100_000, vec![120_000, v as u32 - 1]).unwrap();
+    assert_eq!(
+        bits(disk.forward_row_subset(&x, &vocab).unwrap()),
+        bits(held.forward_row_subset(&x, &vocab).unwrap())
+    );
+    // Many positions: the rows read a chunk at a time, each chunk as a
+    // held matrix computes it.
+    let xs = Tensor::from_vec(data(3 * h, 9), (1, 3, h), &Device::Cpu).unwrap();
+    let all = |head: &LmHead| {
+        let y = head.forward(&xs).unwrap();
+        assert_eq!(y.dims(), [1, 3, v]);
+        bits(y.flatten_all().unwrap().to_vec1::<f32>().unwrap())
     };
-    let f = crate::model::footprint::Footprint::of(&qwen, &opts).unwrap();
-    let all: u64 = file.header.tensors.values().map(|e| e.bytes).sum();
-    let table = file.header.tensors[embedding::TABLE].bytes;
-    assert_eq!(f.other_weights, all - table);
+    assert_eq!(all(&disk), all(&held));
+    // A screen built from the file is the held head's screen.
+    for (k, b) in [(64, ScreenBits::Four), (256, ScreenBits::Two)] {
+        let from_disk = HeadScreen::build(&disk, k, b).unwrap();
+        let from_held = HeadScreen::build(&held, k, b).unwrap();
+        assert_eq!(
+            bits(from_disk.logits(&disk, &x, Some(&vocab)).unwrap()),
+            bits(from_held.logits(&held, &x, Some(&vocab)).unwrap())
+        );
+    }
+    let e = format!(
+        "{:#}",
+        disk.forward_row_ids(&x, &[3, v as u32]).unwrap_err()
+    );
+    assert!(e.contains(&format!("row {v}")) && e.contains(name), "{e}");
 }
