@@ -189,7 +189,7 @@ impl FileRows {
     fn check_row(&self, x: &Q8Act, out: usize, want: usize) -> Result<()> {
         if x.len() != self.cols || out != want {
             bail!(
-                "{} [{}, {}] given a row of {} for {out} outputs",
+                "{} [{}, {}] given a row of {} for {out} outputs ({want} wanted)",
                 self.name,
                 self.rows,
                 self.cols,

@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{quantized::QTensor, Device, Tensor};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 /// Rows quantized at a time while the screen is built (~8 MiB of f32).
 const BUILD_ROWS: usize = 2048;
@@ -75,8 +76,9 @@ impl ScreenBits {
 pub struct HeadScreen {
     /// Rows computed exactly per step.
     k: usize,
-    /// The lm_head's rows, copied.
-    copy: RowCopy,
+    /// The lm_head's rows, copied (shared by clones: the engine keeps the
+    /// screen it puts in force per request).
+    copy: Arc<RowCopy>,
 }
 
 /// The screen's copy of the lm_head's rows.
@@ -190,7 +192,10 @@ impl HeadScreen {
                 cols,
             },
         };
-        Ok(Self { k, copy })
+        Ok(Self {
+            k,
+            copy: Arc::new(copy),
+        })
     }
 
     /// The same screen computing `k` rows exactly (of `n`, the head's rows).
@@ -220,7 +225,7 @@ impl HeadScreen {
 
     /// The bits a weight of the copy takes.
     pub(crate) fn bits(&self) -> ScreenBits {
-        match self.copy {
+        match *self.copy {
             RowCopy::Four(_) => ScreenBits::Four,
             RowCopy::Two { .. } => ScreenBits::Two,
         }
@@ -360,6 +365,15 @@ mod tests {
             .iter()
             .chain(&got[250..251])
             .all(|g| g.is_finite()));
+    }
+
+    #[test]
+    fn a_clone_of_a_screen_shares_its_copy() {
+        // The engine keeps the screen it puts in force for each request: a
+        // copy of its rows per clone would hold them twice.
+        let head = head(64, 32);
+        let s = HeadScreen::build(&head, 4, ScreenBits::Two).unwrap();
+        assert!(Arc::ptr_eq(&s.copy, &s.clone().copy));
     }
 
     #[test]

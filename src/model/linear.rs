@@ -30,7 +30,7 @@ pub(crate) struct QMatrix {
 }
 
 /// Rows of f32 one dequantized chunk holds in prefill (~1 MiB of f32).
-fn chunk_rows(cols: usize) -> usize {
+pub(crate) fn chunk_rows(cols: usize) -> usize {
     ((1 << 20) / (4 * cols.max(1))).max(16)
 }
 

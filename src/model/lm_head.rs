@@ -113,10 +113,13 @@ impl LmHead {
         let (n, k) = (f.rows(), f.cols());
         let mut dims = x.dims().to_vec();
         let x2 = x.reshape(((), k))?.to_dtype(DType::F32)?.contiguous()?;
+        // Whole chunks of a held matrix's f32 path, so its products split
+        // the rows where a held head's would.
+        let step = CHUNK_ROWS.next_multiple_of(super::linear::chunk_rows(k));
         let parts = (0..n)
-            .step_by(CHUNK_ROWS)
+            .step_by(step)
             .map(|r0| {
-                let chunk = f.chunk(r0..(r0 + CHUNK_ROWS).min(n))?;
+                let chunk = f.chunk(r0..(r0 + step).min(n))?;
                 Linear::with_weights(Weights::Quant(chunk), None)?.forward(&x2)
             })
             .collect::<Result<Vec<_>>>()?;

@@ -48,7 +48,8 @@ pub enum Candidate<'a> {
 /// (comma-separated) changed: `mode`, `dtype`, `gamma`, `delta`, `phi`,
 /// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
 /// `vocab`, `screen` (`head_screen`: lm_head rows computed exactly behind
-/// its screen), `sbits` (`head_screen_bits`: 4 or 2), `dense` (layers kept whole, `:`-separated) and `drop`
+/// its screen), `sbits` (`head_screen_bits`: 4 or 2), `infile`
+/// (`head_in_file`: true or false), `dense` (layers kept whole, `:`-separated) and `drop`
 /// (the per-layer weights of `layer_drop`, `:`-separated).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
@@ -92,11 +93,14 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "screen" | "head_screen" => {
                 s.head_screen = value.parse().with_context(|| {
                     format!("candidate `{candidate}`: {key} = `{value}` is not a row count")
-                })?
+                })?;
+                // No screen, no head left in the file (unless `infile` follows).
+                s.head_in_file &= s.head_screen > 0;
             }
             "sbits" | "head_screen_bits" => {
                 s.head_screen_bits = value.parse().with_context(named)?
             }
+            "infile" | "head_in_file" => s.head_in_file = value.parse().with_context(named)?,
             "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             _ => bail!(

@@ -216,6 +216,7 @@ pub fn run(
             dtype: crate::sys::device::WeightDtype::Q4,
             mode: Mode::Dense,
             head_screen: 0,
+            head_in_file: false,
             vocab: Default::default(),
             ..opts.base.clone()
         }

@@ -67,7 +67,8 @@ pub struct ModelArgs {
     /// The lm_head's rows stay in the quantized checkpoint (a model with
     /// an lm_head of its own, q8/q4): the screen reads the K rows it
     /// computes each step, a grammar's step every row. Needs --head-screen.
-    #[arg(long, default_value_t = CLI.head_in_file)]
+    #[arg(long, default_value_t = CLI.head_in_file, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub head_in_file: bool,
     #[command(flatten)]
     pub method: MethodArgs,

@@ -23,6 +23,7 @@ pub fn run(
         mode: Mode::Dense,
         vocab: Default::default(),
         head_screen: 0,
+        head_in_file: false,
         ..spec.clone()
     }
     .load()?;

@@ -485,3 +485,38 @@ fn lm_head_rows_read_from_the_file_are_the_held_heads_bits() {
     );
     assert!(e.contains(&format!("row {v}")) && e.contains(name), "{e}");
 }
+
+#[test]
+fn a_model_with_its_lm_head_in_the_file_gives_the_held_heads_logits() {
+    use crate::model::ScreenBits;
+    let (qwen, _, _) = qwen_q4();
+    let open = |head_in_file| {
+        Model::from_dir(
+            &qwen,
+            &LoadOptions {
+                quant: Some(Quant::Q4),
+                head_in_file,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (mut held, mut disk) = (open(false), open(true));
+    let (prompt, steps) = ([9707u32, 11, 1879, 0, 358, 1079], [264u32, 1614, 13]);
+    let bits = |l: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+        l.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+    };
+    // Behind the screen (the prompt's last row, then decode steps), and
+    // without it (a grammar's steps: every row, read from the file).
+    for bits_of_copy in [Some(ScreenBits::Two), None] {
+        for m in [&mut held, &mut disk] {
+            let s = bits_of_copy.map(|b| m.build_head_screen(256, b).unwrap());
+            m.set_head_screen(s).unwrap();
+        }
+        assert_eq!(
+            bits(logits(&disk, &prompt, &steps)),
+            bits(logits(&held, &prompt, &steps)),
+            "screen {bits_of_copy:?}"
+        );
+    }
+}
