@@ -198,23 +198,7 @@ impl EngineSpec {
         if mb == 0 {
             bail!("memory_budget_mb must be a positive number of MiB");
         }
-        let opts = self.load_options()?;
-        if !opts.device.is_cpu() {
-            bail!(
-                "memory_budget_mb plans the CPU's memory; device {} holds the weights elsewhere",
-                self.device
-            );
-        }
-        let mut fp = Footprint::of(&self.model, &opts)?;
-        if self.head_screen > 0 {
-            // The lm_head's screen is held beside every other weight.
-            let cfg = crate::model::Config::from_file(&self.model.join("config.json"))?;
-            fp.other_weights += crate::model::head_screen::memory_bytes(
-                cfg.vocab_size,
-                cfg.hidden_size,
-                self.head_screen_bits,
-            );
-        }
+        let fp = self.footprint("memory_budget_mb")?;
         let plan = MemoryPlan::new(
             mb << 20,
             &fp,
@@ -233,6 +217,43 @@ impl EngineSpec {
         let mut spec = self.clone();
         spec.params = plan.apply(self.mode, &self.params);
         Ok((spec, Some(plan)))
+    }
+
+    /// The memory plan of these settings as given (γ as set, no budget):
+    /// its expected peak is the prediction for this configuration. The
+    /// process's resident memory now is its runtime: call it with the
+    /// tokenizer loaded, before the model.
+    pub(crate) fn predicted_plan(&self) -> Result<MemoryPlan> {
+        let fp = self.footprint("a memory plan")?;
+        Ok(MemoryPlan::predict(
+            &fp,
+            crate::sys::memory::rss_bytes(),
+            self.mode,
+            &self.effective_params(),
+        ))
+    }
+
+    /// The CPU footprint these settings load, the lm_head's screen
+    /// included; `what` names the setting that asked, refused elsewhere.
+    fn footprint(&self, what: &str) -> Result<Footprint> {
+        let opts = self.load_options()?;
+        if !opts.device.is_cpu() {
+            bail!(
+                "{what} plans the CPU's memory; device {} holds the weights elsewhere",
+                self.device
+            );
+        }
+        let mut fp = Footprint::of(&self.model, &opts)?;
+        if self.head_screen > 0 {
+            // The lm_head's screen is held beside every other weight.
+            let cfg = crate::model::Config::from_file(&self.model.join("config.json"))?;
+            fp.other_weights += crate::model::head_screen::memory_bytes(
+                cfg.vocab_size,
+                cfg.hidden_size,
+                self.head_screen_bits,
+            );
+        }
+        Ok(fp)
     }
 
     /// The load options these settings give (dtype, device, prefill chunk).

@@ -43,37 +43,45 @@ pub struct MemoryPlan {
     pub floor: u64,
 }
 
-impl MemoryPlan {
-    /// Plans `budget` bytes for `mode` with `params` (γ is what is chosen;
-    /// φ and δ are the caller's) on a model of footprint `fp`, the process
-    /// holding `resident` bytes before any weight is loaded.
-    pub(crate) fn new(
-        budget: u64,
-        fp: &Footprint,
-        resident: u64,
-        mode: Mode,
-        params: &SelectionParams,
-    ) -> Result<Self> {
+/// What a plan costs before the FFN's sparse layers: the fixed part and
+/// the bytes per neuron held in each sparse layer.
+struct Costs {
+    runtime: u64,
+    /// Runtime, weights outside the FFN, KV cache, temporaries, whole
+    /// layers, a selecting mode's whole-layer copy.
+    fixed: u64,
+    /// A streamed FFN's one layer, held as a temporary.
+    streamed: u64,
+    whole_copy: u64,
+    /// Per neuron held in every sparse layer (and its copy's, if any).
+    per_neuron: u64,
+    /// Per neuron of the largest sparse layer: the copy made of it.
+    copy_per_neuron: u64,
+    sparse: Vec<bool>,
+}
+
+impl Costs {
+    fn of(fp: &Footprint, resident: u64, mode: Mode, params: &SelectionParams) -> Self {
         let layers = fp.neuron_bytes.len();
         let runtime = resident + RUNTIME_MARGIN;
-        let sparse = |l: usize| mode.loads_subset() && !params.dense_layers.contains(&l);
+        let sparse: Vec<bool> = (0..layers)
+            .map(|l| mode.loads_subset() && !params.dense_layers.contains(&l))
+            .collect();
         // A streamed FFN holds one layer's neurons at a time, as a temporary.
         let streamed = match mode.streams_ffn() {
             true => fp.neuron_bytes.iter().max().copied().unwrap_or(0) * fp.width as u64,
             false => 0,
         };
         let fixed_ffn: u64 = (0..layers)
-            .filter(|&l| !sparse(l) && !mode.streams_ffn())
+            .filter(|&l| !sparse[l] && !mode.streams_ffn())
             .map(|l| fp.neuron_bytes[l] * fp.width as u64)
             .sum();
-        let fixed =
-            runtime + fp.other_weights + fp.kv_cache + fp.activations + streamed + fixed_ffn;
         // A layer copied whole while it is rearranged (selecting modes) or
         // merged with a new task's neurons (ranked plans): per held neuron
         // of the largest sparse layer, or a fixed cost for whole layers.
         let copies = mode.selects() || mode.needs_ranking();
         let largest = (0..layers)
-            .filter(|&l| sparse(l))
+            .filter(|&l| sparse[l])
             .map(|l| fp.neuron_bytes[l])
             .max()
             .unwrap_or(0);
@@ -85,12 +93,67 @@ impl MemoryPlan {
                 .unwrap_or(0),
             false => 0,
         };
-        let fixed = fixed + whole_copy;
-        let per_neuron: u64 = (0..layers)
-            .filter(|&l| sparse(l))
-            .map(|l| fp.neuron_bytes[l])
-            .sum::<u64>()
-            + if copies { largest } else { 0 };
+        let copy_per_neuron = if copies { largest } else { 0 };
+        Self {
+            runtime,
+            fixed: runtime
+                + fp.other_weights
+                + fp.kv_cache
+                + fp.activations
+                + streamed
+                + fixed_ffn
+                + whole_copy,
+            streamed,
+            whole_copy,
+            per_neuron: (0..layers)
+                .filter(|&l| sparse[l])
+                .map(|l| fp.neuron_bytes[l])
+                .sum::<u64>()
+                + copy_per_neuron,
+            copy_per_neuron,
+            sparse,
+        }
+    }
+
+    /// The plan holding `n` neurons in each sparse layer.
+    fn plan(&self, fp: &Footprint, mode: Mode, n: usize, budget: u64, floor: u64) -> MemoryPlan {
+        let held: Vec<usize> = (self.sparse.iter())
+            .map(|&sparse| match (sparse, mode.streams_ffn()) {
+                (_, true) => 0,
+                (true, false) => n,
+                (false, false) => fp.width,
+            })
+            .collect();
+        MemoryPlan {
+            budget,
+            runtime: self.runtime,
+            other_weights: fp.other_weights,
+            ffn_weights: fp.weights(&held) - fp.other_weights,
+            kv_cache: fp.kv_cache,
+            activations: fp.activations + self.streamed,
+            transient: self.whole_copy + self.copy_per_neuron * n as u64,
+            load_ratio: match self.per_neuron {
+                0 => 1.0,
+                _ => n as f64 / fp.width as f64,
+            },
+            held,
+            floor,
+        }
+    }
+}
+
+impl MemoryPlan {
+    /// Plans `budget` bytes for `mode` with `params` (γ is what is chosen;
+    /// φ and δ are the caller's) on a model of footprint `fp`, the process
+    /// holding `resident` bytes before any weight is loaded.
+    pub(crate) fn new(
+        budget: u64,
+        fp: &Footprint,
+        resident: u64,
+        mode: Mode,
+        params: &SelectionParams,
+    ) -> Result<Self> {
+        let c = Costs::of(fp, resident, mode, params);
         let min_ratio = match mode.selects() {
             true => params.compute_ratio.max(MIN_LOAD_RATIO),
             false => MIN_LOAD_RATIO,
@@ -98,61 +161,63 @@ impl MemoryPlan {
         let min_neurons = (super::params::count(min_ratio, fp.width))
             .next_multiple_of(LOAD_BLOCK)
             .min(fp.width);
-        let floor = match per_neuron {
-            0 => fixed,
-            _ => fixed + per_neuron * min_neurons as u64,
+        let floor = match c.per_neuron {
+            0 => c.fixed,
+            p => c.fixed + p * min_neurons as u64,
         };
         if budget < floor {
-            let what = match per_neuron {
+            let what = match c.per_neuron {
                 0 => format!("mode {} holds every FFN neuron", mode.name()),
                 _ => format!("mode {} at its least load_ratio {min_ratio}", mode.name()),
             };
+            let fixed_ffn_and_copies =
+                c.fixed - c.runtime - fp.other_weights - fp.kv_cache - fp.activations;
             bail!(
                 "memory budget {:.0} MiB is below the floor of {:.0} MiB ({what}: weights outside the FFN {:.0} MiB, FFN and its one-layer copy {:.0} MiB, KV cache for {} positions {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB){}",
                 budget as f64 / MIB,
                 floor as f64 / MIB,
                 fp.other_weights as f64 / MIB,
-                (floor - fixed + fixed_ffn + streamed + whole_copy) as f64 / MIB,
+                (floor - c.fixed + fixed_ffn_and_copies) as f64 / MIB,
                 fp.context,
                 fp.kv_cache as f64 / MIB,
                 fp.activations as f64 / MIB,
-                runtime as f64 / MIB,
-                match per_neuron {
+                c.runtime as f64 / MIB,
+                match c.per_neuron {
                     0 => ": a selective mode (load-only, selectinfer) holds fewer",
                     _ => "; a shorter max_context or prefill_chunk lowers the floor",
                 }
             );
         }
         // Whole blocks of neurons (`LOAD_BLOCK`), rounded down to fit.
-        let n = match per_neuron {
+        let n = match c.per_neuron {
             0 => 0,
-            p => match ((budget - fixed) / p) as usize {
+            p => match ((budget - c.fixed) / p) as usize {
                 n if n >= fp.width => fp.width,
                 n => n / LOAD_BLOCK * LOAD_BLOCK,
             },
         };
-        let held: Vec<usize> = (0..layers)
-            .map(|l| match (sparse(l), mode.streams_ffn()) {
-                (_, true) => 0,
-                (true, false) => n,
-                (false, false) => fp.width,
-            })
-            .collect();
-        Ok(Self {
-            budget,
-            runtime,
-            other_weights: fp.other_weights,
-            ffn_weights: fp.weights(&held) - fp.other_weights,
-            kv_cache: fp.kv_cache,
-            activations: fp.activations + streamed,
-            transient: whole_copy + if copies { largest * n as u64 } else { 0 },
-            load_ratio: match per_neuron {
-                0 => 1.0,
-                _ => n as f64 / fp.width as f64,
-            },
-            held,
-            floor,
-        })
+        Ok(c.plan(fp, mode, n, budget, floor))
+    }
+
+    /// What the settings as given will hold (γ as given, in whole blocks
+    /// as the load plan takes it), with no budget: the peak it expects is
+    /// the plan's prediction for this configuration (its `budget` is that
+    /// peak).
+    pub(crate) fn predict(
+        fp: &Footprint,
+        resident: u64,
+        mode: Mode,
+        params: &SelectionParams,
+    ) -> Self {
+        let c = Costs::of(fp, resident, mode, params);
+        let n = super::params::load_count(
+            params.load_ratio,
+            fp.width,
+            super::params::count(params.static_ratio, fp.width),
+        );
+        let mut plan = c.plan(fp, mode, n, 0, 0);
+        plan.budget = plan.expected_peak();
+        plan
     }
 
     /// The peak resident memory the plan expects.

@@ -97,12 +97,19 @@ fn kv_cache_bytes(cfg: &Config, context: usize) -> u64 {
     (2 * cfg.num_hidden_layers * cfg.num_kv_heads() * cfg.head_dim() * capacity * 4) as u64
 }
 
-/// The peak temporaries of one prefill chunk of `prefill_chunk` tokens
-/// against a full context, all f32: the residual stream and its normed
-/// copies, q/k/v, the attention scores (their softmax and mask alive
-/// beside them), the MLP's gate, up and product, the last position's
-/// logits, and a quantized layer's dequantized chunk. An upper bound: the
-/// parts do not all live at once.
+/// The peak temporaries of one prefill chunk of `prefill_chunk` tokens,
+/// all f32: the MLP's gate, up and product over the chunk (a tensor
+/// model's matmuls add their outputs in the weights' dtype and the inputs
+/// converted to it: nine in all), the residual stream, its
+/// normed copy and the attention's input and output (four rows of the
+/// hidden size each), q/k/v, each thread's block of attention scores over
+/// the whole context ([`crate::kernels::prefill_attention`]: 32 queries at
+/// a time), the last position's logits twice, and a quantized layer's
+/// dequantized chunk. With the rest of the plan, 0.5-6.4 % above the peak
+/// a prompt filling a 2,048-token context measures, for SmolLM2 and both
+/// Qwen models, q4/f16/f32 (docs/BENCHMARKS.md, "The memory plan against
+/// the measured peak"; candle's whole score tensor, planned before, was
+/// 30-45 % over).
 fn activation_bytes(cfg: &Config, opts: &LoadOptions, context: usize) -> u64 {
     let c = opts.prefill_chunk.min(context);
     let (h, heads, kv, hd) = (
@@ -111,17 +118,20 @@ fn activation_bytes(cfg: &Config, opts: &LoadOptions, context: usize) -> u64 {
         cfg.num_kv_heads(),
         cfg.head_dim(),
     );
-    let stream = 6 * c * h;
-    let qkv = 2 * c * (heads + 2 * kv) * hd;
-    let scores = 3 * heads * c * context + c * context;
-    // gate, up, product; a quantized matmul also holds its per-chunk
-    // outputs beside their concatenation.
-    let mlp = 6 * c * cfg.intermediate_size;
+    let mlp = match opts.quant {
+        Some(_) => 3,
+        // Each product also in the weights' dtype, x converted per matmul.
+        None => 9,
+    } * c
+        * cfg.intermediate_size;
+    let stream = 4 * c * h;
+    let qkv = c * (heads + 2 * kv) * hd;
+    let scores = rayon::current_num_threads() * 32 * context;
     let logits = 2 * cfg.vocab_size;
     // One reused f32 buffer of about 1 MiB (`linear::chunk_rows`).
     let dequantized = match opts.quant {
         Some(_) => 1 << 18,
         None => 0,
     };
-    4 * (stream + qkv + scores + mlp + logits + dequantized) as u64
+    4 * (mlp + stream + qkv + scores + logits + dequantized) as u64
 }

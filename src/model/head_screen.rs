@@ -281,10 +281,11 @@ impl HeadScreen {
     }
 }
 
-/// Bytes a screen in `bits` of an lm_head `[rows, cols]` holds, plus the
-/// f32 rows its build converts at a time (a memory plan counts both).
+/// Bytes a screen in `bits` of an lm_head `[rows, cols]` holds (its
+/// build's f32 rows, a load-time transient, are fewer than a prefill
+/// chunk's temporaries, which a memory plan counts).
 pub(crate) fn memory_bytes(rows: usize, cols: usize, bits: ScreenBits) -> u64 {
-    (bits.row_bytes(cols) * rows + 2 * 4 * BUILD_ROWS.min(rows) * cols) as u64
+    (bits.row_bytes(cols) * rows) as u64
 }
 
 /// `k` exact rows of an output layer of `n`: 1 ≤ k ≤ n.

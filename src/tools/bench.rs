@@ -86,6 +86,10 @@ pub struct BenchReport {
     /// The chat-formatted prompts as token ids, so other engines can be run
     /// on exactly the same input (`scripts/bench_engines.py`).
     pub prompt_token_ids: Vec<Vec<u32>>,
+    /// The memory plan's expected peak for this configuration at its
+    /// longest context (`--max-context`; [`crate::method::budget`]), CPU
+    /// only: compare with `peak_rss_bytes` of a prompt that fills it.
+    pub planned_peak_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for BenchReport {
@@ -225,7 +229,16 @@ pub fn run_spec(
 ) -> Result<BenchReport> {
     let prompt_ids = prompt_ids.map(read_prompt_ids).transpose()?;
     let codec = TextCodec::from_model_dir(&spec.model)?;
-    let (spec, _) = spec.planned()?;
+    let (spec, plan) = spec.planned()?;
+    // The plan's prediction of this run's peak (the tokenizer resident, as
+    // in a load): the budget's plan, or the settings' as given.
+    let planned = match plan {
+        Some(p) => Some(p.expected_peak()),
+        None if spec.load_options()?.device.is_cpu() => {
+            Some(spec.predicted_plan()?.expected_peak())
+        }
+        None => None,
+    };
     drop(codec);
     let load = spec.load_options()?; // first: a missing device is the error to report
     let opts = BenchOptions {
@@ -237,7 +250,9 @@ pub fn run_spec(
         head_screen: (spec.head_screen, spec.head_screen_bits),
         prompt_ids,
     };
-    run(&spec.model, &load, &opts)
+    let mut report = run(&spec.model, &load, &opts)?;
+    report.planned_peak_bytes = planned;
+    Ok(report)
 }
 
 /// Benchmarks the model in `model_dir` on [`BENCH_PROMPTS`] (or the
@@ -367,5 +382,6 @@ pub(crate) fn run(
         paired_roofline_percents,
         paired_bandwidths_gb_s,
         prompt_token_ids: prompts,
+        planned_peak_bytes: None,
     })
 }

@@ -504,7 +504,9 @@ fn a_model_with_its_lm_head_in_the_file_gives_the_held_heads_logits() {
     let (mut held, mut disk) = (open(false), open(true));
     let (prompt, steps) = ([9707u32, 11, 1879, 0, 358, 1079], [264u32, 1614, 13]);
     let bits = |l: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
-        l.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+        l.iter()
+            .map(|r| r.iter().map(|x| x.to_bits()).collect())
+            .collect()
     };
     // Behind the screen (the prompt's last row, then decode steps), and
     // without it (a grammar's steps: every row, read from the file).
