@@ -210,7 +210,10 @@ def crossing(configs):
     return result, checks
 
 
-def plot(configs, path, cross):
+def plot(configs, path, cross, bar):
+    """One panel per task: a line per model and lm_head form through its
+    configurations by memory (dense points squares, load-only circles),
+    the bar (1.2 x the smaller model's dense q4 peak) and the crossing."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -218,18 +221,20 @@ def plot(configs, path, cross):
     for ax, task in zip(axes, TASKS):
         lines = {}
         for c in configs:
-            method = "load-only" if "load-only" in c["label"] else "dense"
-            head = " (head in file)" if "head in file" in c["label"] else ""
-            lines.setdefault((c["model"], method + head), []).append(c)
-        for (model, method), cs in lines.items():
+            head = "head in file" if "head in file" in c["label"] else "head held"
+            lines.setdefault((c["model"], head), []).append(c)
+        for (model, head), cs in lines.items():
             cs = sorted(cs, key=lambda c: c["peak_rss_mib"])
             xs = [c["peak_rss_mib"] for c in cs]
             ys = [c["metrics"][task] for c in cs]
-            style = "s--" if method.startswith("dense") else "o-"
-            ax.plot(xs, ys, style, label=f"{model.split('-instruct')[0]} {method}")
+            (line,) = ax.plot(xs, ys, "-", label=f"{model.split('-instruct')[0]}, {head}")
+            for c, x, y in zip(cs, xs, ys):
+                ax.plot([x], [y], "o" if "load-only" in c["label"] else "s", color=line.get_color())
+        ax.axvline(bar, color="red", lw=0.8, ls="--", label=f"bar {bar:.0f} MiB")
         if cross:
-            ax.axvline(cross["memory_mib"], color="grey", lw=0.8, ls=":")
-        ax.set_title(f"{task} ({TASKS[task][2]})")
+            ax.axvline(cross["memory_mib"], color="grey", lw=0.8, ls=":",
+                       label=f"crossing {cross['memory_mib']:.0f} MiB")
+        ax.set_title(f"{task} ({TASKS[task][2]}; squares dense, circles load-only)", fontsize=9)
         ax.set_xlabel("peak RSS (MiB, selectinfer bench)")
         ax.set_ylabel(TASKS[task][2])
         ax.grid(alpha=0.3)
@@ -272,9 +277,9 @@ def main():
         c["metrics"] = {t: score(c, t)[2] for t in TASKS}
         configs.append(c)
     cross, checks = crossing(configs)
-    png = os.path.splitext(args.out)[0] + ".png"
-    plot(configs, png, cross)
     small_dense = next(c for c in configs if c["model"] == SMALL and c["label"] == "dense q4")
+    png = os.path.splitext(args.out)[0] + ".png"
+    plot(configs, png, cross, 1.2 * small_dense["peak_rss_mib"])
     doc = {
         "date": str(datetime.date.today()),
         "command": " ".join(["scripts/frontier.py"] + sys.argv[1:]),
