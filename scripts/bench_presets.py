@@ -30,7 +30,7 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import ROOT, llamacpp, median_by_decode, run_json  # noqa: E402
+from bench_quant import ROOT, fill_between, llamacpp, median_by_decode, run_json  # noqa: E402
 
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
 
@@ -127,16 +127,9 @@ def main():
                + (f" (rows of {', '.join(m for m in args.models if m not in sys.argv)} from the "
                   "run before, `scripts/bench_presets.py --rounds 2 --readme`)"
                   if any(m not in sys.argv for m in args.models) else ""))
-        fill(os.path.join(ROOT, "README.md"), lines)
-        fill(os.path.join(ROOT, "docs", "BENCHMARKS.md"), [when, "", cmd, ""] + lines)
-
-
-def fill(path, lines):
-    """Rewrites what lies between the presets-table markers of `path`."""
-    text = open(path).read()
-    start, end = "<!-- presets-table -->", "<!-- /presets-table -->"
-    i, j = text.index(start) + len(start), text.index(end)
-    open(path, "w").write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+        fill_between(os.path.join(ROOT, "README.md"), "presets-table", lines)
+        fill_between(os.path.join(ROOT, "docs", "BENCHMARKS.md"), "presets-table",
+                     [when, "", cmd, ""] + lines)
 
 
 if __name__ == "__main__":

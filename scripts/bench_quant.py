@@ -50,6 +50,16 @@ def run_json(cmd, env=None):
     return json.loads(out.stdout)
 
 
+def fill_between(path, mark, lines):
+    """Rewrites what lies between `path`'s `<!-- mark -->` and
+    `<!-- /mark -->` markers with `lines`."""
+    text = open(path).read()
+    start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    with open(path, "w") as f:
+        f.write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+
+
 def ours(args, model, dtype, mode, vocab, form, screen):
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
                SELECTINFER_THREADS=str(args.threads))

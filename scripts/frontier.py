@@ -44,7 +44,7 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import ROOT, run_json  # noqa: E402
+from bench_quant import ROOT, fill_between, run_json  # noqa: E402
 
 SMALL, LARGE = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 Q4 = ["--no-preset", "--dtype", "q4"]
@@ -297,12 +297,7 @@ def main():
     print("\n".join(lines))
     print("crossing:", json.dumps(cross and {k: cross[k] for k in ("memory_mib", "large")}))
     if args.docs:
-        path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
-        text = open(path).read()
-        a, b = f"<!-- {MARK} -->", f"<!-- /{MARK} -->"
-        i, j = text.index(a) + len(a), text.index(b)
-        with open(path, "w") as f:
-            f.write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+        fill_between(os.path.join(ROOT, "docs", "BENCHMARKS.md"), MARK, lines)
 
 
 if __name__ == "__main__":

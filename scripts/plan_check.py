@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefill import text_prompts  # noqa: E402
-from bench_quant import ROOT, run_json  # noqa: E402
+from bench_quant import ROOT, fill_between, run_json  # noqa: E402
 from frontier import HEAD, Q4  # noqa: E402
 
 CONTEXT, NEW = 2048, 48
@@ -79,12 +79,7 @@ def main():
               f"| {r['planned_over_measured']:.3f} |" for r in rows]
     print("\n".join(lines))
     if args.docs:
-        path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
-        text = open(path).read()
-        a, b = f"<!-- {MARK} -->", f"<!-- /{MARK} -->"
-        i, j = text.index(a) + len(a), text.index(b)
-        with open(path, "w") as f:
-            f.write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+        fill_between(os.path.join(ROOT, "docs", "BENCHMARKS.md"), MARK, lines)
     if bad:
         sys.exit("off by more than the plan allows:\n" + "\n".join(bad))
 
