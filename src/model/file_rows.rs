@@ -174,12 +174,13 @@ impl FileRows {
             self.check(last as usize, "row")?;
         }
         let rb = self.format.row_bytes(self.cols);
-        let (mut bytes, mut run) = (vec![0u8; ids.len() * rb], Vec::new());
+        let mut bytes = vec![0u8; ids.len() * rb];
         let mut at = 0;
         for group in ids.chunk_by(|a, b| a + 1 == *b) {
-            self.read(group[0] as usize, group.len(), &mut run)?;
-            bytes[at..at + run.len()].copy_from_slice(&run);
-            at += run.len();
+            let span = &mut bytes[at..at + group.len() * rb];
+            self.file
+                .read_rows(self.name, group[0] as usize, rb, span)?;
+            at += span.len();
         }
         let form = self.held_form(&mut bytes);
         quant::matvec_q(self.format, form, &bytes, x, out);
