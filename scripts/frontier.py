@@ -12,8 +12,9 @@ matplotlib`):
       [--only LABEL ...] [--docs]
 
 Each configuration (CONFIGS below: a catalog model and `selectinfer` flags)
-is run twice over: `selectinfer bench` (its three fixed prompts, 64 new
-tokens) gives its peak RSS, the memory coordinate; `selectinfer eval` on
+is run twice over: `selectinfer bench` on a prompt that fills a 512-token
+context with its reply (448 + 64 new tokens) gives its peak RSS, the memory
+coordinate, and the memory plan's prediction of it; `selectinfer eval` on
 --rows rows of each task's dev file, after the first --skip (the rankings
 were profiled on the first 32-40 rows), greedy, 48 new tokens, gives BLEU
 (translation), exact match (QA) and ROUGE-L (summarization). Load-only
@@ -44,6 +45,7 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_prefill import text_prompts  # noqa: E402
 from bench_quant import ROOT, fill_between, run_json  # noqa: E402
 
 SMALL, LARGE = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
@@ -52,8 +54,9 @@ Q4 = ["--no-preset", "--dtype", "q4"]
 HEAD = ["--vocab", "latin", "--head-screen", "256", "--head-screen-bits", "2", "--head-in-file"]
 
 
-def load_only(gamma):
-    return Q4 + HEAD + ["--mode", "load-only", "--load-ratio", str(gamma)]
+def load_only(gamma, coarse=0):
+    flags = Q4 + HEAD + ["--mode", "load-only", "--load-ratio", str(gamma)]
+    return flags + (["--coarse-ratio", str(coarse)] if coarse else [])
 
 
 # (model, label, flags, per-task ranking?)
@@ -61,10 +64,14 @@ CONFIGS = [
     ("smollm2-135m-instruct", "dense q4", Q4, False),
     (SMALL, "dense q4", Q4, False),
     (SMALL, "dense q4, head in file", Q4 + HEAD, False),
+    (SMALL, "all coarse, head in file", load_only(1, 1), False),
     (LARGE, "dense q4, head in file", Q4 + HEAD, False),
     (LARGE, "load-only γ0.8, head in file", load_only(0.8), True),
     (LARGE, "load-only γ0.7, head in file", load_only(0.7), True),
     (LARGE, "load-only γ0.6, head in file", load_only(0.6), True),
+    (LARGE, "load-only γ0.7 coarse, head in file", load_only(0.7, 1), True),
+    (LARGE, "load-only γ0.6 coarse, head in file", load_only(0.6, 1), True),
+    (LARGE, "all coarse, head in file", load_only(1, 1), False),
 ]
 TASKS = {
     "translation": ("translation_wmt22_deen.dev.jsonl", "bleu", "BLEU"),
@@ -72,6 +79,9 @@ TASKS = {
     "summarization": ("summarization_xsum.dev.jsonl", "rougeL", "ROUGE-L"),
 }
 MARK = "frontier-table"
+# The memory coordinate: the peak of a prompt of 448 tokens and 64 new ones
+# in a 512-token context.
+BENCH_CONTEXT, BENCH_NEW = 512, 64
 
 
 def slug(text):
@@ -101,12 +111,28 @@ def cached(path, make):
     return value
 
 
+def bench_prompt(args, model):
+    """A file of one chat prompt filling the bench's context but its reply."""
+    path = os.path.join(args.runs, "data", f"{model}.prompt{BENCH_CONTEXT - BENCH_NEW}.json")
+    if not os.path.exists(path):
+        home = os.environ.get("SELECTINFER_MODELS", os.path.join(ROOT, "models"))
+        gguf = os.path.join(home, model, "model.gguf")
+        ids = list(text_prompts(gguf, [BENCH_CONTEXT - BENCH_NEW]).values())[0]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        json.dump([ids], open(path, "w"))
+    return path
+
+
 def run_config(args, model, label, flags, per_task):
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
     base = [args.bin, "--threads", str(args.threads)]
     stem = os.path.join(args.runs, f"{model}.{slug(label)}")
-    bench = cached(stem + ".bench.json", lambda: run_json(
-        base + ["bench", "--model", model, "--new-tokens", "64", "--json"] + flags, env))
+    # A prompt filling the context with its reply: the peak the memory plan
+    # predicts (`planned_peak_bytes`) is this one.
+    fill = ["--max-context", str(BENCH_CONTEXT), "--prompt-ids", bench_prompt(args, model),
+            "--new-tokens", str(BENCH_NEW)]
+    bench = cached(f"{stem}.bench-filled{BENCH_CONTEXT}.json", lambda: run_json(
+        base + ["bench", "--model", model, "--json"] + fill + flags, env))
     tasks = {}
     for task in TASKS:
         extra = ["--task", task] if per_task else []
@@ -119,6 +145,7 @@ def run_config(args, model, label, flags, per_task):
         tasks[task] = {"report": report, "rows": rows, "args": flags + extra}
     return {"model": model, "label": label, "args": flags, "per_task_ranking": per_task,
             "peak_rss_mib": bench["peak_rss_bytes"] / 2**20,
+            "planned_peak_mib": bench["planned_peak_bytes"] / 2**20,
             "decode_tokens_per_s": bench["decode_tokens_per_s"], "tasks": tasks}
 
 
@@ -244,11 +271,13 @@ def plot(configs, path, cross, bar):
 
 
 def table(configs, rows, skip):
-    head = ["model", "configuration", "peak RSS MiB", "decode tok/s"] + [
+    head = ["model", "configuration", "peak RSS MiB", "planned MiB", "decode tok/s"] + [
         f"{t} {TASKS[t][2]}" for t in TASKS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in sorted(configs, key=lambda c: (c["model"], c["peak_rss_mib"])):
-        cells = [c["model"], c["label"], f"{c['peak_rss_mib']:.0f}", f"{c['decode_tokens_per_s']:.1f}"]
+        planned = f"{c['planned_peak_mib']:.0f} ({c['planned_peak_mib'] / c['peak_rss_mib']:.3f})"
+        cells = [c["model"], c["label"], f"{c['peak_rss_mib']:.0f}", planned,
+                 f"{c['decode_tokens_per_s']:.1f}"]
         cells += [f"{c['metrics'][t]:.1f}" for t in TASKS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -131,6 +131,46 @@ fn head_in_file_without_a_screen() {
 }
 
 #[test]
+fn coarse_tier_outside_its_mode_dtype_or_range() {
+    let model = common::model_dir("smollm2-135m-instruct");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| generate(&model, "hi", extra);
+    assert_clean_error(
+        &run(&["--mode", "selectinfer", "--coarse-ratio", "0.5"]),
+        &["coarse_ratio", "load-only"],
+    );
+    assert_clean_error(
+        &run(&["--mode", "load-only", "--coarse-ratio", "0.5"]),
+        &["coarse FFN tier", "q8 or q4"],
+    );
+    assert_clean_error(
+        &run(&["--mode", "load-only", "--coarse-ratio", "1.5"]),
+        &["coarse_ratio", "[0, 1]"],
+    );
+    // q4 in load-only mode takes it.
+    let out = selectinfer(&[
+        "generate",
+        "--model",
+        m,
+        "--dtype",
+        "q4",
+        "--mode",
+        "load-only",
+        "--coarse-ratio",
+        "0.5",
+        "--max-new-tokens",
+        "2",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn bad_generation_options() {
     let model = common::model_dir("smollm2-135m-instruct");
     assert_clean_error(

@@ -55,6 +55,7 @@ fn spec(model: &Path, mode: Mode) -> EngineSpec {
             score: Default::default(),
             gate_keep: 1.0,
             layer_drop: Vec::new(),
+            coarse_ratio: 0.0,
         },
         ..Default::default()
     }

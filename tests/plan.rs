@@ -24,6 +24,7 @@ fn params() -> SelectionParams {
         score: Default::default(),
         gate_keep: 1.0,
         layer_drop: Vec::new(),
+        coarse_ratio: 0.0,
     }
 }
 

@@ -53,6 +53,9 @@ pub struct Defaults {
     /// Per layer, its share of the neurons φ leaves out (empty: even;
     /// [`SelectionParams::layer_drop`]).
     pub layer_drop: &'static [f64],
+    /// ρ: of each sparse layer's loaded neurons, the share held in the
+    /// coarse tier ([`SelectionParams::coarse_ratio`]).
+    pub coarse_ratio: f64,
     /// Seed of the `random-load` subset.
     pub plan_seed: u64,
     /// Prompt tokens per forward pass; longer prompts are prefilled in
@@ -92,6 +95,7 @@ pub const CLI: Defaults = Defaults {
     token_ratio: 0.2,
     dense_layers: &[],
     layer_drop: &[],
+    coarse_ratio: 0.0,
     plan_seed: 0,
     prefill_chunk: 512,
     max_context: None,
@@ -188,6 +192,7 @@ impl Defaults {
             score: self.score,
             gate_keep: self.gate_keep,
             layer_drop: self.layer_drop.to_vec(),
+            coarse_ratio: self.coarse_ratio,
         }
     }
 
@@ -235,6 +240,7 @@ impl Default for LoadOptions {
             ffn: FfnRows::All,
             prefill_chunk: CLI.prefill_chunk,
             head_in_file: false,
+            ffn_coarse: Vec::new(),
         }
     }
 }

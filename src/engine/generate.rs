@@ -73,6 +73,7 @@ impl Engine {
         let mut opts = opts.clone();
         if let Some(m) = &method {
             opts.ffn = m.ffn_rows();
+            opts.ffn_coarse = m.ffn_coarse();
             // On the CPU a quantized MLP is bundles (a device gets f16 rows).
             if let (Some(q), Some(_), true) =
                 (opts.quant, m.params.gate_keep_count(), opts.device.is_cpu())

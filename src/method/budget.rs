@@ -58,6 +58,8 @@ struct Costs {
     /// Per neuron of the largest sparse layer: the copy made of it.
     copy_per_neuron: u64,
     sparse: Vec<bool>,
+    /// ρ: the share of each sparse layer's neurons in the coarse tier.
+    coarse_ratio: f64,
 }
 
 impl Costs {
@@ -79,7 +81,8 @@ impl Costs {
         // A layer copied whole while it is rearranged (selecting modes) or
         // merged with a new task's neurons (ranked plans): per held neuron
         // of the largest sparse layer, or a fixed cost for whole layers.
-        let copies = mode.selects() || mode.needs_ranking();
+        // A model with a coarse tier swaps no neurons (`Model::swap_ffn`).
+        let copies = mode.selects() || (mode.needs_ranking() && params.coarse_ratio == 0.0);
         let largest = (0..layers)
             .filter(|&l| sparse[l])
             .map(|l| fp.neuron_bytes[l])
@@ -105,13 +108,18 @@ impl Costs {
                 + whole_copy,
             streamed,
             whole_copy,
+            // A neuron's mean cost with ρ of them in the coarse tier.
             per_neuron: (0..layers)
                 .filter(|&l| sparse[l])
-                .map(|l| fp.neuron_bytes[l])
+                .map(|l| {
+                    let (main, coarse) = (fp.neuron_bytes[l], fp.coarse_neuron_bytes[l]);
+                    main - (params.coarse_ratio * main.saturating_sub(coarse) as f64) as u64
+                })
                 .sum::<u64>()
                 + copy_per_neuron,
             copy_per_neuron,
             sparse,
+            coarse_ratio: params.coarse_ratio,
         }
     }
 
@@ -124,11 +132,17 @@ impl Costs {
                 (false, false) => fp.width,
             })
             .collect();
+        let coarse: Vec<usize> = (self.sparse.iter().zip(&held))
+            .map(|(&sparse, &n)| match sparse {
+                true => super::params::coarse_count(self.coarse_ratio, n),
+                false => 0,
+            })
+            .collect();
         MemoryPlan {
             budget,
             runtime: self.runtime,
             other_weights: fp.other_weights,
-            ffn_weights: fp.weights(&held) - fp.other_weights,
+            ffn_weights: fp.weights(&held, &coarse) - fp.other_weights,
             kv_cache: fp.kv_cache,
             activations: fp.activations + self.streamed,
             transient: self.whole_copy + self.copy_per_neuron * n as u64,
@@ -276,6 +290,7 @@ mod tests {
         Footprint {
             other_weights: 100 << 20,
             neuron_bytes: vec![1000; 4],
+            coarse_neuron_bytes: vec![800; 4],
             width: 1000,
             kv_cache: 10 << 20,
             activations: 5 << 20,
@@ -294,6 +309,7 @@ mod tests {
             score: crate::method::params::Score::Counts,
             gate_keep: 1.0,
             layer_drop: Vec::new(),
+            coarse_ratio: 0.0,
         }
     }
 

@@ -27,7 +27,7 @@ pub use selection::LayerSelector;
 pub(crate) use selection::PromptCounts;
 
 use crate::model::{Config, FfnRows, Mlp};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use params::{count, Score};
 use ranking::Ranking;
 use selection::positions_of;
@@ -55,6 +55,13 @@ impl Method {
     ) -> Result<Self> {
         let cfg = Config::from_file(&model_dir.join("config.json"))?;
         params.validate(cfg.num_hidden_layers)?;
+        if params.coarse_ratio > 0.0 && mode != Mode::LoadOnly {
+            bail!(
+                "coarse_ratio {} holds a coarse tier beside the loaded neurons, which mode {} does not select among: use mode load-only (or coarse_ratio 0)",
+                params.coarse_ratio,
+                mode.name()
+            );
+        }
         let mut ranking_tasks = Vec::new();
         let plan = if mode.needs_ranking() {
             let path = ranking
@@ -89,6 +96,11 @@ impl Method {
             Some(plan) => plan.ffn_rows(),
             None => FfnRows::All,
         }
+    }
+
+    /// Per layer, the neurons held in the coarse tier (empty: none).
+    pub fn ffn_coarse(&self) -> Vec<Vec<u32>> {
+        self.plan.as_ref().map_or(Vec::new(), LoadPlan::ffn_coarse)
     }
 
     /// Per-layer selection rules for prompts, `None` when the mode computes

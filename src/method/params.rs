@@ -61,6 +61,12 @@ pub struct SelectionParams {
     /// layer). Weights that average 1 over the sparse layers keep φ's total.
     #[serde(default)]
     pub layer_drop: Vec<f64>,
+    /// ρ: of each sparse layer's loaded neurons, the share — the lowest
+    /// ranked — held in the coarse tier (down rows in 4 bits over
+    /// per-channel scales, [`crate::model::ffn_tier`]) instead of the
+    /// dtype's own; 0 = none (load-only mode).
+    #[serde(default)]
+    pub coarse_ratio: f64,
 }
 
 fn no_gating() -> f64 {
@@ -104,6 +110,7 @@ impl SelectionParams {
             ("compute_ratio", p),
             ("token_ratio", a),
             ("gate_keep", self.gate_keep),
+            ("coarse_ratio", self.coarse_ratio),
         ] {
             if !v.is_finite() {
                 bail!("{name} must be a finite number, got {v}");
@@ -124,6 +131,12 @@ impl SelectionParams {
         let k = self.gate_keep;
         if !(k > 0.0 && k <= 1.0) {
             bail!("gate_keep (κ) must be in (0, 1] (1 = no per-token gating), got {k}");
+        }
+        if !(0.0..=1.0).contains(&self.coarse_ratio) {
+            bail!(
+                "coarse_ratio (ρ) must be in [0, 1] (0 = no coarse tier), got {}",
+                self.coarse_ratio
+            );
         }
         if !self.layer_drop.is_empty() {
             if num_layers != usize::MAX && self.layer_drop.len() != num_layers {
@@ -191,6 +204,14 @@ pub fn count(ratio: f64, width: usize) -> usize {
     ((ratio * width as f64).round() as usize).min(width)
 }
 
+/// Of `n_load` loaded neurons, how many `ratio` puts in the coarse tier
+/// (the lowest ranked): whole [`LOAD_BLOCK`]s, so that both tiers stay in
+/// whole blocks.
+pub fn coarse_count(ratio: f64, n_load: usize) -> usize {
+    let blocks = (ratio * n_load as f64 / LOAD_BLOCK as f64).round() as usize;
+    (blocks * LOAD_BLOCK).min(n_load)
+}
+
 /// Neurons a loaded layer holds come in whole blocks of this many: the
 /// 8-bit block of the down projection's input in prefill, so the tiled
 /// kernels read a selectively loaded layer's quads in place (a count off
@@ -245,6 +266,7 @@ mod tests {
             score: Score::Wina,
             gate_keep: 1.0,
             layer_drop,
+            coarse_ratio: 0.0,
         }
     }
 

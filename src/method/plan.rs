@@ -2,7 +2,7 @@
 //! layer are loaded, and which of them are static, built from a ranking
 //! file (or drawn at random for the `random-load` baseline).
 
-use super::params::{count, load_count, SelectionParams};
+use super::params::{coarse_count, count, load_count, SelectionParams};
 use super::ranking::Ranking;
 use crate::model::FfnRows;
 use anyhow::Result;
@@ -16,6 +16,9 @@ pub struct LayerPlan {
     /// How many leading entries of `loaded` are static (always computed).
     pub num_static: usize,
     pub dense: bool,
+    /// How many trailing entries of `loaded` (the lowest ranked) are held
+    /// in the coarse tier (`coarse_ratio`).
+    pub coarse: usize,
 }
 
 /// The per-layer load plan built from a ranking file.
@@ -32,6 +35,7 @@ impl LayerPlan {
             loaded: (0..width as u32).collect(),
             num_static: width,
             dense: true,
+            coarse: 0,
         }
     }
 
@@ -41,6 +45,7 @@ impl LayerPlan {
             loaded,
             num_static,
             dense: false,
+            coarse: 0,
         }
     }
 }
@@ -86,10 +91,14 @@ impl LoadPlan {
     ) -> Result<Self> {
         let n_static = count(params.static_ratio, width);
         let n_load = load_count(params.load_ratio, width, n_static);
+        let n_coarse = coarse_count(params.coarse_ratio, n_load);
         let layers = (0..layers)
             .map(|l| match params.dense_layers.contains(&l) {
                 true => LayerPlan::dense(width),
-                false => sparse(l, n_load, n_static),
+                false => LayerPlan {
+                    coarse: n_coarse,
+                    ..sparse(l, n_load, n_static)
+                },
             })
             .collect();
         Ok(Self { layers, width })
@@ -115,19 +124,80 @@ impl LoadPlan {
         })
     }
 
-    /// The rows the model holds under this plan: dense layers whole, the
-    /// others their loaded neurons.
+    /// The rows the model holds under this plan in the dtype's own
+    /// format: dense layers whole, the others their loaded neurons but the
+    /// coarse tier's.
     pub fn ffn_rows(&self) -> FfnRows {
         FfnRows::Layers(
             self.layers
                 .iter()
-                .map(|l| (!l.dense).then(|| l.loaded.clone()))
+                .map(|l| (!l.dense).then(|| l.loaded[..l.loaded.len() - l.coarse].to_vec()))
                 .collect(),
         )
+    }
+
+    /// Per layer, the neurons held in the coarse tier (empty: none).
+    pub fn ffn_coarse(&self) -> Vec<Vec<u32>> {
+        if self.layers.iter().all(|l| l.coarse == 0) {
+            return Vec::new();
+        }
+        self.layers
+            .iter()
+            .map(|l| l.loaded[l.loaded.len() - l.coarse..].to_vec())
+            .collect()
     }
 
     /// Neurons loaded over all layers.
     pub fn loaded_neurons(&self) -> usize {
         self.layers.iter().map(|l| l.loaded.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(load_ratio: f64, coarse_ratio: f64) -> SelectionParams {
+        SelectionParams {
+            load_ratio,
+            static_ratio: 0.2,
+            compute_ratio: 0.2,
+            token_ratio: 0.2,
+            dense_layers: vec![0],
+            task: "qa".into(),
+            score: Default::default(),
+            gate_keep: 1.0,
+            layer_drop: Vec::new(),
+            coarse_ratio,
+        }
+    }
+
+    #[test]
+    fn the_coarse_tier_is_the_lowest_ranked_whole_blocks_of_the_loaded() {
+        let plan = LoadPlan::random(3, 512, &params(0.5, 0.3), 7).unwrap();
+        let FfnRows::Layers(main) = plan.ffn_rows() else {
+            panic!("a plan names its layers")
+        };
+        let coarse = plan.ffn_coarse();
+        // Layer 0 is whole: no tier.
+        assert_eq!((main[0].as_ref(), coarse[0].len()), (None, 0));
+        for l in 1..3 {
+            let loaded = &plan.layers[l].loaded;
+            // 0.3 · 256 = 76.8 neurons: two whole blocks of 32.
+            assert_eq!((loaded.len(), coarse[l].len()), (256, 64));
+            let main = main[l].as_ref().unwrap();
+            assert_eq!(main[..], loaded[..192]);
+            assert_eq!(coarse[l][..], loaded[192..]);
+        }
+        // ρ = 0: no tier at all, the plan's rows as before.
+        let plain = LoadPlan::random(3, 512, &params(0.5, 0.0), 7).unwrap();
+        assert!(plain.ffn_coarse().is_empty());
+        let FfnRows::Layers(all) = plain.ffn_rows() else {
+            panic!("a plan names its layers")
+        };
+        assert_eq!(all[1].as_ref().unwrap(), &plain.layers[1].loaded);
+        // ρ = 1 puts every loaded neuron in the tier.
+        let every = LoadPlan::random(3, 512, &params(0.5, 1.0), 7).unwrap();
+        assert_eq!(every.ffn_coarse()[2], every.layers[2].loaded);
     }
 }

@@ -1,6 +1,7 @@
 //! One decoder block: pre-norm attention and SwiGLU MLP with residuals.
 
 use super::attention::Attention;
+use super::ffn_tier::CoarseFfn;
 use super::kv_cache::LayerCache;
 use super::norm::RmsNorm;
 use super::rope::Rope;
@@ -15,6 +16,8 @@ pub(crate) struct Block {
     pub(crate) attn: Attention,
     post_attention_norm: RmsNorm,
     pub mlp: Mlp,
+    /// The layer's coarse FFN tier, computed after `mlp` (graded precision).
+    pub(crate) coarse: Option<CoarseFfn>,
 }
 
 impl Block {
@@ -33,6 +36,7 @@ impl Block {
                 cfg.rms_norm_eps,
             )?,
             mlp,
+            coarse: None,
         })
     }
 
@@ -55,7 +59,20 @@ impl Block {
             attn: Attention::from_file(file, cfg, layer)?,
             post_attention_norm: norm("post_attention_layernorm")?,
             mlp,
+            coarse: None,
         })
+    }
+
+    /// The block with `coarse` as its coarse FFN tier.
+    pub(crate) fn with_coarse(self, coarse: Option<CoarseFfn>) -> Self {
+        Self { coarse, ..self }
+    }
+
+    /// Bytes of weights read per token: attention, MLP and coarse tier.
+    pub(crate) fn weight_bytes(&self) -> usize {
+        self.attn.weight_bytes()
+            + self.mlp.weight_bytes()
+            + self.coarse.as_ref().map_or(0, CoarseFfn::weight_bytes)
     }
 
     /// One block at positions `pos..`; `observe` (e.g. a profiler) sees the
@@ -83,6 +100,10 @@ impl Block {
             }
             None => mlp.forward(&normed)?,
         };
+        let m = match &self.coarse {
+            Some(c) => (m + c.forward(&normed)?)?,
+            None => m,
+        };
         Ok((h + m)?)
     }
 
@@ -103,6 +124,9 @@ impl Block {
         self.post_attention_norm.forward_row(x, &mut normed)?;
         let m = mlp.unwrap_or(&self.mlp).forward_row(&normed)?;
         x.iter_mut().zip(&m).for_each(|(x, m)| *x += m);
+        if let Some(c) = &self.coarse {
+            c.add_row(&normed, x)?;
+        }
         Ok(())
     }
 }

@@ -398,6 +398,10 @@ impl Bundles {
         let m = dims[..dims.len() - 1].iter().product::<usize>();
         let a: Vec<f32> = a.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let mut y = vec![0f32; m * h];
+        if n == 0 {
+            // No neurons held (a layer all in a coarse tier): no output.
+            return Ok(Tensor::from_vec(y, dims, &Device::Cpu)?);
+        }
         if gemm_q::pays(a.len() / n) {
             self.down_gemm(&a, order, &mut y);
             return Ok(Tensor::from_vec(y, dims, &Device::Cpu)?);

@@ -16,6 +16,9 @@ pub(crate) struct Footprint {
     pub other_weights: u64,
     /// Per layer: one FFN neuron's gate row, up row and down column.
     pub neuron_bytes: Vec<u64>,
+    /// Per layer: one neuron's bytes in the coarse tier ([`super::ffn_tier`];
+    /// `neuron_bytes` where the dtype has none).
+    pub coarse_neuron_bytes: Vec<u64>,
     /// FFN neurons per layer.
     pub width: usize,
     /// The KV cache when it holds [`Footprint::context`] positions.
@@ -34,7 +37,7 @@ impl Footprint {
     pub(crate) fn of(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let cfg = Config::from_file(&dir.join("config.json"))?;
         let width = cfg.intermediate_size;
-        let (other_weights, neuron_bytes) = match opts.quant {
+        let (other_weights, neuron_bytes, coarse_neuron_bytes) = match opts.quant {
             Some(q) => {
                 let path = dir.join(qfile::file_name(q.name()));
                 let file = qfile::QFile::open(&path)?;
@@ -51,7 +54,15 @@ impl Footprint {
                     .iter()
                     .map(|l| l.bytes / l.neurons.max(1) as u64)
                     .collect();
-                (other, neurons)
+                let coarse = (file.header.ffn.iter())
+                    .map(|l| {
+                        let layout = l.layout()?;
+                        let down = super::ffn_tier::FORMAT.row_bytes(layout.hidden);
+                        Ok((layout.gate_up_bytes() + down) as u64)
+                    })
+                    .collect::<Result<_>>()
+                    .with_context(|| format!("{}: its FFN layouts", path.display()))?;
+                (other, neurons, coarse)
             }
             None => {
                 let files = safetensors_files(dir)?;
@@ -64,13 +75,15 @@ impl Footprint {
                     .map(|(_, e)| e.shape.iter().product::<usize>() as u64 * size)
                     .sum();
                 let neuron = 3 * cfg.hidden_size as u64 * size;
-                (other, vec![neuron; cfg.num_hidden_layers])
+                let neurons = vec![neuron; cfg.num_hidden_layers];
+                (other, neurons.clone(), neurons)
             }
         };
         let context = Model::context(&cfg, opts);
         Ok(Self {
             other_weights,
             neuron_bytes,
+            coarse_neuron_bytes,
             width,
             kv_cache: kv_cache_bytes(&cfg, context),
             activations: activation_bytes(&cfg, opts, context),
@@ -78,15 +91,16 @@ impl Footprint {
         })
     }
 
-    /// Weight bytes when layer `l` holds `held[l]` neurons.
-    pub(crate) fn weights(&self, held: &[usize]) -> u64 {
-        self.other_weights
-            + self
-                .neuron_bytes
-                .iter()
-                .zip(held)
-                .map(|(b, &n)| b * n as u64)
-                .sum::<u64>()
+    /// Weight bytes when layer `l` holds `held[l]` neurons, `coarse[l]`
+    /// of them in the coarse tier (`coarse` may be empty: none).
+    pub(crate) fn weights(&self, held: &[usize], coarse: &[usize]) -> u64 {
+        let ffn: u64 = (0..held.len().min(self.neuron_bytes.len()))
+            .map(|l| {
+                let c = coarse.get(l).copied().unwrap_or(0).min(held[l]);
+                self.neuron_bytes[l] * (held[l] - c) as u64 + self.coarse_neuron_bytes[l] * c as u64
+            })
+            .sum();
+        self.other_weights + ffn
     }
 }
 

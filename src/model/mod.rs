@@ -14,6 +14,7 @@ pub(crate) mod bundles;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod embedding;
+pub(crate) mod ffn_tier;
 pub(crate) mod file_rows;
 pub(crate) mod footprint;
 mod head;
@@ -23,6 +24,7 @@ pub(crate) mod linear;
 pub(crate) mod lm_head;
 pub(crate) mod mlp;
 mod norm;
+mod options;
 pub(crate) mod qfile;
 mod rope;
 pub(crate) mod rowread;
@@ -41,6 +43,7 @@ pub use linear::Linear;
 pub use lm_head::LmHead;
 pub(crate) use mlp::Mlp;
 pub(crate) use norm::RmsNorm;
+pub use options::{FfnRows, LoadOptions};
 use rope::Rope;
 pub use vocab::OutputVocab;
 
@@ -56,20 +59,6 @@ pub(crate) type LayerObserver<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<
 /// A [`LayerObserver`] reborrowed for one prefill chunk.
 type ChunkObserver<'r, 'o> = &'r mut (dyn FnMut(usize, &Tensor) -> Result<()> + 'o);
 
-/// Which FFN neurons (rows of gate/up, columns of down) the model holds.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum FfnRows {
-    /// Every neuron of every layer.
-    #[default]
-    All,
-    /// Per layer: `None` holds every neuron, `Some(ids)` only those
-    /// (original indices; read from the checkpoint with `pread`).
-    Layers(Vec<Option<Vec<u32>>>),
-    /// None in memory: each forward pass reads every neuron from the
-    /// checkpoint (page cache dropped) and forgets it again.
-    Streamed,
-}
-
 /// Where a model's FFN neurons are read from.
 #[derive(Debug, Clone)]
 enum FfnSource {
@@ -77,31 +66,6 @@ enum FfnSource {
     Rows(std::sync::Arc<rowread::RowSource>),
     /// The quantized checkpoint's neuron bundles.
     Bundles(std::sync::Arc<qfile::QFile>),
-}
-
-/// Options fixed at load time.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Weight dtype in memory (f32 or f16 on CPU; bf16 is refused on CPU);
-    /// with `quant`, the dtype of the f32 parts (norms, biases).
-    pub dtype: DType,
-    /// The quantized dtypes (`q8`, `q4`, CPU only): every weight read as
-    /// ggml blocks from the model folder's [`qfile`].
-    pub quant: Option<crate::sys::device::Quant>,
-    pub device: Device,
-    /// Longest sequence (prompt + generated) this instance serves; defaults to
-    /// `min(max_position_embeddings, 4096)`.
-    pub max_context: Option<usize>,
-    /// Which FFN neurons to hold in memory.
-    pub ffn: FfnRows,
-    /// Longest run of prompt tokens one forward pass takes; longer prompts
-    /// are prefilled in chunks of this many tokens through the KV cache, so
-    /// the attention scores (`heads × chunk × context`) and MLP activations
-    /// of a long prompt never exist whole. Same logits up to rounding.
-    pub prefill_chunk: usize,
-    /// A quantized checkpoint's lm_head of its own stays in its file
-    /// ([`file_rows`]): its screen reads the rows it computes exactly.
-    pub head_in_file: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -179,7 +143,7 @@ impl Model {
         opts: &LoadOptions,
         rows: Option<&crate::model::rowread::RowSource>,
     ) -> Result<Self> {
-        Self::check_options(cfg, opts)?;
+        opts.check(cfg)?;
         if opts.quant.is_some() {
             bail!("quantized dtypes load from the model folder (Model::from_dir)");
         }
@@ -264,40 +228,6 @@ impl Model {
         })
     }
 
-    /// Refuses options that do not fit the model (the FFN row selection's
-    /// shape, a prefill chunk of 0).
-    fn check_options(cfg: &Config, opts: &LoadOptions) -> Result<()> {
-        cfg.validate()?;
-        if opts.prefill_chunk == 0 {
-            bail!("prefill_chunk must be at least 1 token");
-        }
-        if opts.head_in_file && (cfg.tie_word_embeddings || opts.quant.is_none()) {
-            log::warn!(
-                "head_in_file ignored: only a quantized checkpoint's lm_head of its own stays in the file (this one is {})",
-                if cfg.tie_word_embeddings { "the embedding table's, held" } else { "not quantized" }
-            );
-        }
-        if let FfnRows::Layers(layers) = &opts.ffn {
-            if layers.len() != cfg.num_hidden_layers {
-                bail!(
-                    "the FFN row selection has {} layers, the model {}",
-                    layers.len(),
-                    cfg.num_hidden_layers
-                );
-            }
-            let n = cfg.intermediate_size;
-            if let Some(&bad) = layers
-                .iter()
-                .flatten()
-                .flatten()
-                .find(|&&id| id as usize >= n)
-            {
-                bail!("the FFN row selection names neuron {bad}; the layers have {n}");
-            }
-        }
-        Ok(())
-    }
-
     /// Loads the quantized dtype `q` from the folder's [`qfile`]: every
     /// tensor read with `pread` straight into the buffer decode runs on,
     /// the FFN as neuron bundles (only the neurons `opts.ffn` holds).
@@ -307,7 +237,7 @@ impl Model {
         opts: &LoadOptions,
         q: crate::sys::device::Quant,
     ) -> Result<Self> {
-        Self::check_options(cfg, opts)?;
+        opts.check(cfg)?;
         if opts.ffn == FfnRows::Streamed {
             bail!("a streamed FFN (disk offload) reads f32/f16 rows; it has no {q} form");
         }
@@ -339,7 +269,17 @@ impl Model {
                 };
                 let bundles = file.bundles(i, held.as_deref())?;
                 let mlp = Mlp::from_bundles(bundles, held)?;
-                Block::from_file(&file, cfg, i, mlp).with_context(|| format!("loading layer {i}"))
+                let coarse = match opts.ffn_coarse.get(i) {
+                    Some(ids) if !ids.is_empty() => {
+                        let mut ids = ids.clone();
+                        ids.sort_unstable();
+                        Some(ffn_tier::CoarseFfn::load(&file, i, &ids)?)
+                    }
+                    _ => None,
+                };
+                Ok(Block::from_file(&file, cfg, i, mlp)
+                    .with_context(|| format!("loading layer {i}"))?
+                    .with_coarse(coarse))
             })
             .collect::<Result<Vec<_>>>()?;
         let head = file_rows::HEAD;
@@ -401,11 +341,14 @@ impl Model {
         let FfnRows::Layers(layers) = rows else {
             bail!("a swap names each sparse layer's neurons");
         };
+        if self.blocks.iter().any(|b| b.coarse.is_some()) {
+            bail!("a model with a coarse FFN tier (coarse_ratio > 0) swaps no neurons: load it again for another plan");
+        }
         let probe = LoadOptions {
             ffn: rows.clone(),
             ..LoadOptions::default()
         };
-        Self::check_options(&self.cfg, &probe)?;
+        probe.check(&self.cfg)?;
         let source = self
             .ffn_source
             .clone()
@@ -459,11 +402,7 @@ impl Model {
     /// Bytes of weights read to decode one token: every block, the final
     /// norm and the lm_head's rows computed (one embedding row is negligible).
     pub(crate) fn decode_weight_bytes(&self) -> usize {
-        let blocks: usize = self
-            .blocks
-            .iter()
-            .map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes())
-            .sum();
+        let blocks: usize = self.blocks.iter().map(Block::weight_bytes).sum();
         let streamed = if self.streamed_from.is_some() {
             self.cfg.num_hidden_layers
                 * self.cfg.ffn_params_per_layer()

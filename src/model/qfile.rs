@@ -411,6 +411,19 @@ impl QFile {
     /// Layer `layer`'s bundles of neurons `ids` (ascending; `None`: all),
     /// each run of consecutive ids read with one `pread`.
     pub(crate) fn bundles(&self, layer: usize, ids: Option<&[u32]>) -> Result<Bundles> {
+        let (layout, data) = self.raw_bundles(layer, ids)?;
+        // `q8` keeps its down rows whole: it is the dtype closest to f32,
+        // and the quads round each block's four coefficients to 8 bits.
+        Bundles::new_in(layout, data, self.header.dtype != "q8")
+    }
+
+    /// Layer `layer`'s bundles of neurons `ids` (ascending; `None`: all)
+    /// as the file holds them (whole blocks, whole bundles), with their layout.
+    pub(crate) fn raw_bundles(
+        &self,
+        layer: usize,
+        ids: Option<&[u32]>,
+    ) -> Result<(BundleLayout, Vec<u8>)> {
         let e =
             self.header.ffn.get(layer).with_context(|| {
                 format!("{}: no bundles for layer {layer}", self.path.display())
@@ -449,8 +462,6 @@ impl QFile {
                 data
             }
         };
-        // `q8` keeps its down rows whole: it is the dtype closest to f32,
-        // and the quads round each block's four coefficients to 8 bits.
-        Bundles::new_in(layout, data, self.header.dtype != "q8")
+        Ok((layout, data))
     }
 }

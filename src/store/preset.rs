@@ -30,6 +30,7 @@ pub const KEYS: &[&str] = &[
     "head_in_file",
     "dense_layers",
     "layer_drop",
+    "coarse_ratio",
 ];
 
 /// A preset as read: its file and its `(key, value)` pairs in file order.

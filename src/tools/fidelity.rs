@@ -103,8 +103,9 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "infile" | "head_in_file" => s.head_in_file = value.parse().with_context(named)?,
             "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
+            "coarse" | "coarse_ratio" => p.coarse_ratio = ratio()?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, dense, drop)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, infile, dense, drop, coarse)"
             ),
         }
     }

@@ -116,6 +116,12 @@ pub struct MethodArgs {
     /// none = an even split.
     #[arg(long, value_delimiter = ',')]
     pub layer_drop: Vec<f64>,
+    /// ρ: of each sparse layer's loaded neurons, the share (the lowest
+    /// ranked) held in the coarse tier: down rows in 4 bits over
+    /// per-channel scales, ~22 % fewer bytes a neuron on Qwen (q8/q4,
+    /// mode load-only; docs/CLI.md).
+    #[arg(long, default_value_t = CLI.coarse_ratio)]
+    pub coarse_ratio: f64,
     /// Seed of the random-load subset.
     #[arg(long, default_value_t = CLI.plan_seed)]
     pub plan_seed: u64,
@@ -188,6 +194,7 @@ impl ModelArgs {
             "gate_keep" => m.gate_keep = parse(text)?,
             "dense_layers" => m.dense_layers = list(text)?,
             "layer_drop" => m.layer_drop = list(text)?,
+            "coarse_ratio" => m.coarse_ratio = parse(text)?,
             other => anyhow::bail!("no flag --{}", other.replace('_', "-")),
         }
         Ok(())
@@ -218,6 +225,7 @@ impl ModelArgs {
                 score: m.score,
                 gate_keep: m.gate_keep,
                 layer_drop: m.layer_drop.clone(),
+                coarse_ratio: m.coarse_ratio,
             },
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,

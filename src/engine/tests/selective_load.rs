@@ -22,6 +22,7 @@ fn plan(load_ratio: f64) -> LoadPlan {
         score: Default::default(),
         gate_keep: 1.0,
         layer_drop: Vec::new(),
+        coarse_ratio: 0.0,
     };
     LoadPlan::from_ranking(&ranking, &params).unwrap()
 }
@@ -139,6 +140,7 @@ mod compute {
             score: Default::default(),
             gate_keep: 1.0,
             layer_drop: Vec::new(),
+            coarse_ratio: 0.0,
         };
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");

@@ -164,6 +164,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Float(SHARE_MIN, 1.0),
     ),
     shared(
+        "coarse_ratio",
+        "rho: of each sparse layer's loaded neurons, the share (the lowest ranked) held in the coarse tier, down rows in 4 bits over per-channel scales (~22 % fewer bytes a neuron on Qwen); q8/q4, mode load-only; 0 = none (load-time)",
+        false,
+        Values::Float(0.0, 1.0),
+    ),
+    shared(
         "layer_drop",
         "per layer, its share of the neurons phi leaves out (one weight per layer; lab/scripts/layer_scan.sh calibrates them); [] = even (load-time)",
         false,

@@ -280,6 +280,7 @@ impl NodeParams {
                 e.params.score = s.parse().context("parameter score")?;
             }
             "gate_keep" => e.params.gate_keep = float(name, v)?,
+            "coarse_ratio" => e.params.coarse_ratio = float(name, v)?,
             "layer_drop" => {
                 e.params.layer_drop = match v {
                     ParameterValue::DoubleArray(a) => a.clone(),
@@ -379,6 +380,7 @@ impl NodeParams {
             "token_ratio" => ParameterValue::Double(r.token_ratio),
             "score" => ParameterValue::String(e.params.score.name().into()),
             "gate_keep" => ParameterValue::Double(e.params.gate_keep),
+            "coarse_ratio" => ParameterValue::Double(e.params.coarse_ratio),
             "layer_drop" => ParameterValue::DoubleArray(e.params.layer_drop.clone()),
             "vocab" => ParameterValue::String(e.vocab.name().into()),
             "head_screen" => ParameterValue::Integer(e.head_screen as i64),
@@ -432,7 +434,7 @@ impl NodeParams {
         format!(
             "model {} in {} ({preset}; {:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, \
              gate_keep {}, vocab {}, head_screen {} ({}-bit{}), dense layers {:?}, layer_drop {layer_drop}, \
-             queue_depth {}",
+             coarse_ratio {}, queue_depth {}",
             self.model,
             e.model.display(),
             e.dtype,
@@ -450,6 +452,7 @@ impl NodeParams {
             e.head_screen_bits,
             if e.head_in_file { ", head in file" } else { "" },
             p.dense_layers,
+            p.coarse_ratio,
             self.queue_depth
         )
     }

@@ -1,0 +1,153 @@
+//! The coarse tier of a layer's FFN (graded precision by rank): neurons
+//! held beside the layer's own MLP with fewer bits a weight. Their gate
+//! and up rows are the quantized checkpoint's blocks as they are; their
+//! down rows (a neuron's column of `down_proj`, which runs along the
+//! hidden size) are requantized at load from the file's `Q8_0` to
+//! [`FORMAT`] over per-channel scales: channel `h` of every down row of
+//! the tier is divided by its RMS over the tier's neurons before
+//! rounding, and the tier's output multiplied by it after. Without the
+//! scales the hidden size's outlier channels set each block's step and
+//! the small channels round to zero (plain 4-bit columns cost SmolLM2 ten
+//! times the KL: docs/EXPERIMENTS.md, "Fidelity of the formats").
+//!
+//! A `Q4_0` down row is 864 bytes on Qwen 1.5B against `Q8_0`'s 1,632: a
+//! neuron in the tier costs 2,784 bytes, not 3,552. The tier is computed
+//! whole, every token, after the layer's own MLP; the fused kernels run it
+//! as any bundles (a down row in whole blocks is added per neuron).
+
+use crate::kernels::quant::{self, QFormat};
+use crate::kernels::quant_mlp::BundleLayout;
+use crate::model::bundles::Bundles;
+use crate::model::qfile::QFile;
+use crate::model::Mlp;
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+
+/// The block format of a coarse neuron's down row.
+pub(crate) const FORMAT: QFormat = QFormat::Q4_0;
+
+/// Neurons read (and requantized) at once: the load's transients stay a
+/// few MiB whatever the tier's size.
+const CHUNK: usize = 256;
+
+/// One layer's coarse tier.
+#[derive(Debug, Clone)]
+pub(crate) struct CoarseFfn {
+    mlp: Mlp,
+    /// Per hidden channel, the scale its down weights were divided by.
+    scale: Vec<f32>,
+    scale_t: Tensor,
+}
+
+impl CoarseFfn {
+    /// Neurons `ids` (original indices, ascending) of layer `layer` of
+    /// `file`, their down rows requantized to [`FORMAT`] over per-channel
+    /// scales (module docs).
+    pub(crate) fn load(file: &QFile, layer: usize, ids: &[u32]) -> Result<Self> {
+        let what = || format!("layer {layer}'s coarse FFN tier ({} neurons)", ids.len());
+        if ids.is_empty() {
+            bail!("{}: no neurons", what());
+        }
+        let mut layout = None;
+        let (mut out, mut downs) = (Vec::new(), Vec::new());
+        for chunk in ids.chunks(CHUNK) {
+            let (l, raw) = file.raw_bundles(layer, Some(chunk)).with_context(what)?;
+            if l.down != QFormat::Q8_0 {
+                bail!("{}: its down rows are {}, not q8_0", what(), l.down);
+            }
+            let (bb, gu) = (l.bundle_bytes(), l.gate_up_bytes());
+            let coarse = gu + FORMAT.row_bytes(l.hidden);
+            if out.is_empty() {
+                out.reserve_exact(ids.len() * coarse);
+                downs.reserve_exact(ids.len() * l.down_bytes());
+            }
+            for b in raw.chunks_exact(bb) {
+                out.extend_from_slice(&b[..gu]);
+                out.resize(out.len() + coarse - gu, 0);
+                downs.extend_from_slice(&b[gu..]);
+            }
+            layout = Some(l);
+        }
+        let file_layout = layout.expect("at least one chunk");
+        let h = file_layout.hidden;
+        let scale = channel_scales(&downs, h);
+        let gu = file_layout.gate_up_bytes();
+        let (q8, coarse) = (file_layout.down_bytes(), gu + FORMAT.row_bytes(h));
+        let mut rows = vec![0f32; CHUNK.min(ids.len()) * h];
+        for (c, chunk) in downs.chunks(CHUNK * q8).enumerate() {
+            let n = chunk.len() / q8;
+            let rows = &mut rows[..n * h];
+            for (row, d) in rows.chunks_exact_mut(h).zip(chunk.chunks_exact(q8)) {
+                quant::dequantize_row(QFormat::Q8_0, d, row);
+                row.iter_mut().zip(&scale).for_each(|(w, s)| *w /= s);
+            }
+            let t = Tensor::from_slice(rows, (n, h), &Device::Cpu)?;
+            let q = QTensor::quantize(&t, FORMAT.ggml())?.data()?.to_vec();
+            let rb = FORMAT.row_bytes(h);
+            for (j, r) in q.chunks_exact(rb).enumerate() {
+                let at = (c * CHUNK + j) * coarse + gu;
+                out[at..at + rb].copy_from_slice(r);
+            }
+        }
+        drop(downs);
+        let layout = BundleLayout {
+            down: FORMAT,
+            ..file_layout
+        };
+        let bundles = Bundles::new_in(layout, out, true).with_context(what)?;
+        let mlp = Mlp::from_bundles(bundles, Some(ids.to_vec())).with_context(what)?;
+        let scale_t = Tensor::from_slice(&scale, h, &Device::Cpu)?;
+        Ok(Self {
+            mlp,
+            scale,
+            scale_t,
+        })
+    }
+
+    /// The tier's output for `x [.., H]`.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.mlp.forward(x)?.broadcast_mul(&self.scale_t)?)
+    }
+
+    /// Adds the tier's output for one row `x [H]` into `y [H]`.
+    pub(crate) fn add_row(&self, x: &[f32], y: &mut [f32]) -> Result<()> {
+        let m = self.mlp.forward_row(x)?;
+        for ((y, m), s) in y.iter_mut().zip(&m).zip(&self.scale) {
+            *y += m * s;
+        }
+        Ok(())
+    }
+
+    /// The tier's MLP (its down rows divided by the scales) and the scales.
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (&Mlp, &[f32]) {
+        (&self.mlp, &self.scale)
+    }
+
+    /// Bytes of weights read per token.
+    pub(crate) fn weight_bytes(&self) -> usize {
+        self.mlp.weight_bytes()
+    }
+}
+
+/// Per channel `h`, the RMS of `Q8_0` down rows `downs` (`hidden`
+/// weights each) at `h`; 1 where a channel is all zeros.
+fn channel_scales(downs: &[u8], hidden: usize) -> Vec<f32> {
+    let q8 = QFormat::Q8_0.row_bytes(hidden);
+    let n = downs.len() / q8;
+    let mut sum = vec![0f64; hidden];
+    let mut row = vec![0f32; hidden];
+    for d in downs.chunks_exact(q8) {
+        quant::dequantize_row(QFormat::Q8_0, d, &mut row);
+        sum.iter_mut()
+            .zip(&row)
+            .for_each(|(s, &w)| *s += (w as f64) * (w as f64));
+    }
+    sum.iter()
+        .map(|&s| match (s / n.max(1) as f64).sqrt() as f32 {
+            r if r > 0.0 && r.is_finite() => r,
+            _ => 1.0,
+        })
+        .collect()
+}
