@@ -306,15 +306,39 @@ unsafe fn axpy_q8(a: f32, row: *const u8, y: &mut [f32]) {
     }
 }
 
+/// `y += a · row` for one `Q4_0` row (the coarse tier's down rows,
+/// [`crate::model::ffn_tier`]), 32 values of `y` at a time: a block's low
+/// nibbles are its weights 0–15, its high ones 16–31, each `d·(q − 8)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn axpy_q4_0(a: f32, row: *const u8, y: &mut [f32]) {
+    let bb = QFormat::Q4_0.block_bytes();
+    let yp = y.as_mut_ptr();
+    let (mask, eight) = (_mm_set1_epi8(0x0F), _mm512_set1_epi32(8));
+    for i in 0..y.len() / QK {
+        let (b, yq) = (row.add(i * bb), yp.add(i * QK));
+        _mm_prefetch::<_MM_HINT_T0>((b as *const i8).wrapping_add(PREFETCH_BYTES));
+        let s = _mm512_set1_ps(a * x86_quant::f16_to_f32(b));
+        let qs = _mm_loadu_si128(b.add(2) as *const __m128i);
+        let lo = _mm_and_si128(qs, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
+        let q0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(lo), eight);
+        let q1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(hi), eight);
+        let y0 = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q0), _mm512_loadu_ps(yq));
+        let y1 = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q1), _mm512_loadu_ps(yq.add(16)));
+        _mm512_storeu_ps(yq, y0);
+        _mm512_storeu_ps(yq.add(16), y1);
+    }
+}
+
 /// `y += a · row`.
 ///
 /// # Safety
 /// [`available`] is true; `row` holds `y.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
-    if format == QFormat::Q8_0 {
-        axpy_q8(a, row.as_ptr(), y)
-    } else {
-        x86_quant::axpy(format, a, row, y)
+    match format {
+        QFormat::Q8_0 => axpy_q8(a, row.as_ptr(), y),
+        QFormat::Q4_0 => axpy_q4_0(a, row.as_ptr(), y),
+        _ => x86_quant::axpy(format, a, row, y),
     }
 }

@@ -62,6 +62,14 @@ struct Costs {
     coarse_ratio: f64,
 }
 
+/// A prefill chunk's temporaries, a coarse tier's included.
+fn activations(fp: &Footprint, coarse_ratio: f64) -> u64 {
+    match coarse_ratio > 0.0 {
+        true => fp.activations + fp.coarse_activations,
+        false => fp.activations,
+    }
+}
+
 impl Costs {
     fn of(fp: &Footprint, resident: u64, mode: Mode, params: &SelectionParams) -> Self {
         let layers = fp.neuron_bytes.len();
@@ -102,7 +110,7 @@ impl Costs {
             fixed: runtime
                 + fp.other_weights
                 + fp.kv_cache
-                + fp.activations
+                + activations(fp, params.coarse_ratio)
                 + streamed
                 + fixed_ffn
                 + whole_copy,
@@ -144,7 +152,7 @@ impl Costs {
             other_weights: fp.other_weights,
             ffn_weights: fp.weights(&held, &coarse) - fp.other_weights,
             kv_cache: fp.kv_cache,
-            activations: fp.activations + self.streamed,
+            activations: activations(fp, self.coarse_ratio) + self.streamed,
             transient: self.whole_copy + self.copy_per_neuron * n as u64,
             load_ratio: match self.per_neuron {
                 0 => 1.0,
@@ -184,8 +192,9 @@ impl MemoryPlan {
                 0 => format!("mode {} holds every FFN neuron", mode.name()),
                 _ => format!("mode {} at its least load_ratio {min_ratio}", mode.name()),
             };
+            let temporaries = activations(fp, params.coarse_ratio);
             let fixed_ffn_and_copies =
-                c.fixed - c.runtime - fp.other_weights - fp.kv_cache - fp.activations;
+                c.fixed - c.runtime - fp.other_weights - fp.kv_cache - temporaries;
             bail!(
                 "memory budget {:.0} MiB is below the floor of {:.0} MiB ({what}: weights outside the FFN {:.0} MiB, FFN and its one-layer copy {:.0} MiB, KV cache for {} positions {:.0} MiB, prefill temporaries {:.0} MiB, runtime {:.0} MiB){}",
                 budget as f64 / MIB,
@@ -194,7 +203,7 @@ impl MemoryPlan {
                 (floor - c.fixed + fixed_ffn_and_copies) as f64 / MIB,
                 fp.context,
                 fp.kv_cache as f64 / MIB,
-                fp.activations as f64 / MIB,
+                temporaries as f64 / MIB,
                 c.runtime as f64 / MIB,
                 match c.per_neuron {
                     0 => ": a selective mode (load-only, selectinfer) holds fewer",
@@ -295,6 +304,7 @@ mod tests {
             kv_cache: 10 << 20,
             activations: 5 << 20,
             context: 512,
+            coarse_activations: 1 << 20,
         }
     }
 

@@ -29,6 +29,10 @@ pub(crate) struct Footprint {
     pub activations: u64,
     /// The longest sequence served.
     pub context: usize,
+    /// What a coarse tier adds to a prefill chunk's temporaries: its
+    /// output, scaled, and the sum with the layer's own (three rows of
+    /// the hidden size a token; [`super::ffn_tier`]).
+    pub coarse_activations: u64,
 }
 
 impl Footprint {
@@ -88,6 +92,7 @@ impl Footprint {
             kv_cache: kv_cache_bytes(&cfg, context),
             activations: activation_bytes(&cfg, opts, context),
             context,
+            coarse_activations: (4 * 3 * opts.prefill_chunk.min(context) * cfg.hidden_size) as u64,
         })
     }
 
