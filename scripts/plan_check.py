@@ -38,6 +38,8 @@ CONFIGS = [
      Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.7"]),
     ("qwen2.5-coder-1.5b-instruct", "load-only γ0.6, head in file",
      Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.6"]),
+    ("qwen2.5-coder-1.5b-instruct", "load-only γ0.7 coarse, head in file",
+     Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.7", "--coarse-ratio", "1"]),
 ]
 MARK = "plan-table"
 

@@ -124,7 +124,7 @@ fn kv_cache_bytes(cfg: &Config, context: usize) -> u64 {
 /// hidden size each), q/k/v, each thread's block of attention scores over
 /// the whole context ([`crate::kernels::prefill_attention`]: 32 queries at
 /// a time), the last position's logits twice, and a quantized layer's
-/// dequantized chunk. With the rest of the plan, 0.5-6.4 % above the peak
+/// dequantized chunk. With the rest of the plan, 0.2-5.9 % above the peak
 /// a prompt filling a 2,048-token context measures, for SmolLM2 and both
 /// Qwen models, q4/f16/f32 (docs/BENCHMARKS.md, "The memory plan against
 /// the measured peak"; candle's whole score tensor, planned before, was
