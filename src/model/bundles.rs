@@ -220,7 +220,9 @@ impl Bundles {
             );
         }
         let mut y = vec![0f32; x.len()];
-        quant_mlp::swiglu_bundles(x, &self.layout, &self.data, self.count, &mut y);
+        if self.count > 0 {
+            quant_mlp::swiglu_bundles(x, &self.layout, &self.data, self.count, &mut y);
+        }
         Ok(y)
     }
 
@@ -399,7 +401,7 @@ impl Bundles {
         let a: Vec<f32> = a.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
         let mut y = vec![0f32; m * h];
         if n == 0 {
-            // No neurons held (a layer all in a coarse tier): no output.
+            // None held (a layer wholly in a coarse tier): no output.
             return Ok(Tensor::from_vec(y, dims, &Device::Cpu)?);
         }
         if gemm_q::pays(a.len() / n) {

@@ -37,7 +37,6 @@ pub(crate) struct CoarseFfn {
     mlp: Mlp,
     /// Per hidden channel, the scale its down weights were divided by.
     scale: Vec<f32>,
-    scale_t: Tensor,
 }
 
 impl CoarseFfn {
@@ -97,17 +96,13 @@ impl CoarseFfn {
         };
         let bundles = Bundles::new_in(layout, out, true).with_context(what)?;
         let mlp = Mlp::from_bundles(bundles, Some(ids.to_vec())).with_context(what)?;
-        let scale_t = Tensor::from_slice(&scale, h, &Device::Cpu)?;
-        Ok(Self {
-            mlp,
-            scale,
-            scale_t,
-        })
+        Ok(Self { mlp, scale })
     }
 
     /// The tier's output for `x [.., H]`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.mlp.forward(x)?.broadcast_mul(&self.scale_t)?)
+        let scale = Tensor::from_slice(&self.scale, self.scale.len(), &Device::Cpu)?;
+        Ok(self.mlp.forward(x)?.broadcast_mul(&scale)?)
     }
 
     /// Adds the tier's output for one row `x [H]` into `y [H]`.

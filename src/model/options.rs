@@ -53,25 +53,18 @@ impl LoadOptions {
     /// Refuses options that do not fit the model (the FFN row selection's
     /// shape, a prefill chunk of 0).
     pub(crate) fn check(&self, cfg: &Config) -> Result<()> {
-        let opts = self;
         cfg.validate()?;
-        if opts.prefill_chunk == 0 {
+        if self.prefill_chunk == 0 {
             bail!("prefill_chunk must be at least 1 token");
         }
-        if opts.head_in_file && (cfg.tie_word_embeddings || opts.quant.is_none()) {
+        if self.head_in_file && (cfg.tie_word_embeddings || self.quant.is_none()) {
             log::warn!(
                 "head_in_file ignored: only a quantized checkpoint's lm_head of its own stays in the file (this one is {})",
                 if cfg.tie_word_embeddings { "the embedding table's, held" } else { "not quantized" }
             );
         }
-        if let FfnRows::Layers(layers) = &opts.ffn {
-            if layers.len() != cfg.num_hidden_layers {
-                bail!(
-                    "the FFN row selection has {} layers, the model {}",
-                    layers.len(),
-                    cfg.num_hidden_layers
-                );
-            }
+        if let FfnRows::Layers(layers) = &self.ffn {
+            same_layers("the FFN row selection", layers.len(), cfg)?;
             let n = cfg.intermediate_size;
             if let Some(&bad) = layers
                 .iter()
@@ -88,26 +81,19 @@ impl LoadOptions {
     /// The coarse tier's rows: one list a layer, ids in range, each once
     /// and none held in the layer's own MLP too; a quantized dtype.
     fn check_coarse(&self, cfg: &Config) -> Result<()> {
-        let opts = self;
-        let tiers = &opts.ffn_coarse;
+        let tiers = &self.ffn_coarse;
         if tiers.iter().all(Vec::is_empty) {
             return Ok(());
         }
-        if opts.quant.is_none() {
+        if self.quant.is_none() {
             bail!("a coarse FFN tier is requantized from a quantized checkpoint: it needs the q8 or q4 dtype");
         }
-        if tiers.len() != cfg.num_hidden_layers {
-            bail!(
-                "the coarse FFN tier has {} layers, the model {}",
-                tiers.len(),
-                cfg.num_hidden_layers
-            );
-        }
+        same_layers("the coarse FFN tier", tiers.len(), cfg)?;
         let n = cfg.intermediate_size;
         for (l, ids) in tiers.iter().enumerate() {
             let mut held = vec![false; n];
             // Layer counts were checked before.
-            let main = match &opts.ffn {
+            let main = match &self.ffn {
                 FfnRows::Layers(layers) => layers[l].as_deref(),
                 _ => None,
             };
@@ -133,4 +119,15 @@ impl LoadOptions {
         }
         Ok(())
     }
+}
+
+/// Refuses a per-layer list (`what`) of `len` layers for a model of another count.
+fn same_layers(what: &str, len: usize, cfg: &Config) -> Result<()> {
+    if len != cfg.num_hidden_layers {
+        bail!(
+            "{what} has {len} layers, the model {}",
+            cfg.num_hidden_layers
+        );
+    }
+    Ok(())
 }

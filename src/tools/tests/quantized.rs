@@ -127,6 +127,27 @@ fn argmax(l: &[f32]) -> usize {
         .0
 }
 
+/// The fixture's cases: each chat prompt and the first 12 tokens of
+/// llama.cpp's greedy reply to it (the teacher-forced steps).
+fn cases(fixture: &serde_json::Value) -> Vec<(Vec<u32>, Vec<u32>)> {
+    (fixture["cases"].as_array().unwrap().iter())
+        .map(|case| {
+            let steps = common::ids(&case["generated_ids_no_stop"]);
+            (
+                common::ids(&case["prompt_ids"]),
+                steps.into_iter().take(12).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Over positions: the summed KL(want ‖ got) and how many agree on top-1.
+fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, usize) {
+    want.iter().zip(got).fold((0.0, 0), |(k, a), (w, g)| {
+        (k + kl(w, g), a + usize::from(argmax(w) == argmax(g)))
+    })
+}
+
 /// Teacher-forced logits: the prompt (batched), then `steps` tokens one at a time.
 fn logits(m: &Model, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = m.new_cache();
@@ -152,12 +173,7 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
     let (mut g, _) = crate::tools::gguf::QuantizedModel::load(&dir.join("model.gguf")).unwrap();
     let mut stats: [(f64, usize); 3] = [(0.0, 0); 3];
     let mut n = 0;
-    for case in fixture["cases"].as_array().unwrap() {
-        let prompt = common::ids(&case["prompt_ids"]);
-        let steps: Vec<u32> = common::ids(&case["generated_ids_no_stop"])
-            .into_iter()
-            .take(12)
-            .collect();
+    for (prompt, steps) in cases(&fixture) {
         let want = logits(&f32m, &prompt, &steps);
         let mut gguf = Vec::new();
         let mut pos = 0;
@@ -173,10 +189,9 @@ fn quantized_logits_follow_f32_as_closely_as_the_gguf_model() {
         .iter()
         .enumerate()
         {
-            for (w, l) in want.iter().zip(got) {
-                stats[k].0 += kl(w, l);
-                stats[k].1 += usize::from(argmax(w) == argmax(l));
-            }
+            let (k_sum, agreed) = compare(&want, got);
+            stats[k].0 += k_sum;
+            stats[k].1 += agreed;
         }
         n += want.len();
     }
@@ -545,18 +560,12 @@ fn a_model_all_in_the_coarse_tier_stays_near_q4() {
     .unwrap();
     let mut stats = [(0f64, 0usize); 2];
     let mut count = 0;
-    for case in fixture["cases"].as_array().unwrap() {
-        let prompt = common::ids(&case["prompt_ids"]);
-        let steps: Vec<u32> = common::ids(&case["generated_ids_no_stop"])
-            .into_iter()
-            .take(12)
-            .collect();
+    for (prompt, steps) in cases(&fixture) {
         let want = logits(&f32m, &prompt, &steps);
         for (k, m) in [&q4, &coarse].into_iter().enumerate() {
-            for (w, g) in want.iter().zip(logits(m, &prompt, &steps)) {
-                stats[k].0 += kl(w, &g);
-                stats[k].1 += usize::from(argmax(w) == argmax(&g));
-            }
+            let (k_sum, agreed) = compare(&want, &logits(m, &prompt, &steps));
+            stats[k].0 += k_sum;
+            stats[k].1 += agreed;
         }
         count += want.len();
     }
