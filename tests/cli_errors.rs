@@ -147,7 +147,18 @@ fn coarse_tier_outside_its_mode_dtype_or_range() {
         &run(&["--mode", "load-only", "--coarse-ratio", "1.5"]),
         &["coarse_ratio", "[0, 1]"],
     );
-    // q4 in load-only mode takes it.
+    assert_clean_error(
+        &run(&[
+            "--mode",
+            "load-only",
+            "--coarse-ratio",
+            "0.5",
+            "--coarse-bits",
+            "2",
+        ]),
+        &["coarse_bits", "3 or 4"],
+    );
+    // q4 in load-only mode takes it, with 3-bit gate and up rows too.
     let out = selectinfer(&[
         "generate",
         "--model",
@@ -158,6 +169,8 @@ fn coarse_tier_outside_its_mode_dtype_or_range() {
         "load-only",
         "--coarse-ratio",
         "0.5",
+        "--coarse-bits",
+        "3",
         "--max-new-tokens",
         "2",
         "--prompt",

@@ -56,6 +56,7 @@ fn spec(model: &Path, mode: Mode) -> EngineSpec {
             gate_keep: 1.0,
             layer_drop: Vec::new(),
             coarse_ratio: 0.0,
+            coarse_bits: 4,
         },
         ..Default::default()
     }

@@ -25,6 +25,7 @@ fn params() -> SelectionParams {
         gate_keep: 1.0,
         layer_drop: Vec::new(),
         coarse_ratio: 0.0,
+        coarse_bits: 4,
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Defaults {
     /// ρ: of each sparse layer's loaded neurons, the share held in the
     /// coarse tier ([`SelectionParams::coarse_ratio`]).
     pub coarse_ratio: f64,
+    /// Bits of the coarse tier's gate and up rows, 4 or 3
+    /// ([`SelectionParams::coarse_bits`]).
+    pub coarse_bits: u32,
     /// Seed of the `random-load` subset.
     pub plan_seed: u64,
     /// Prompt tokens per forward pass; longer prompts are prefilled in
@@ -96,6 +99,7 @@ pub const CLI: Defaults = Defaults {
     dense_layers: &[],
     layer_drop: &[],
     coarse_ratio: 0.0,
+    coarse_bits: 4,
     plan_seed: 0,
     prefill_chunk: 512,
     max_context: None,
@@ -193,6 +197,7 @@ impl Defaults {
             gate_keep: self.gate_keep,
             layer_drop: self.layer_drop.to_vec(),
             coarse_ratio: self.coarse_ratio,
+            coarse_bits: self.coarse_bits,
         }
     }
 
@@ -241,6 +246,7 @@ impl Default for LoadOptions {
             prefill_chunk: CLI.prefill_chunk,
             head_in_file: false,
             ffn_coarse: Vec::new(),
+            coarse_bits: CLI.coarse_bits,
         }
     }
 }

@@ -270,6 +270,7 @@ impl EngineSpec {
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
             head_in_file: self.head_in_file,
+            coarse_bits: self.params.coarse_bits,
             ..Default::default()
         })
     }

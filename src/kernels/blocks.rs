@@ -1,6 +1,7 @@
 //! The block formats the quantized kernels share (layer 1's leaf, as
 //! ggml's `ggml-common.h`): ggml's 32-weight blocks ([`QFormat`]: `Q4_0`,
-//! `Q4_1`, `Q5_0`, `Q8_0`, bit for bit as GGUF stores them), the
+//! `Q4_1`, `Q5_0`, `Q8_0`, bit for bit as GGUF stores them, and our
+//! 3-bit `Q3_0`, which ggml does not have), the
 //! activations quantized per block to 8 bits ([`Q8Act`], as llama.cpp's
 //! q8 activations) with the arrays the AVX-512 kernels read, and the
 //! quads' width ([`QUAD`]). The ops are in [`super::quant`],
@@ -12,6 +13,13 @@
 //! (`q` a nibble plus a fifth bit). Nibble `j` of byte `j` is weight `j`,
 //! its high nibble weight `j+16`; `Q5_0`'s fifth bits are one u32, bit
 //! `i` for weight `i`.
+//!
+//! `Q3_0` (14 bytes, 3.5 bits a weight; the coarse FFN tier's gate and up
+//! rows, `crate::model::ffn_tier`) is laid out as `Q5_0` with a bit and
+//! two fewer bytes: `d`, a u32 of third bits (bit `i` for weight `i`),
+//! then 8 bytes of 2-bit pairs, bits `2k..2k+2` of byte `j` for weight
+//! `j + 8k`; a weight is `d·(q-4)`, `q` in 0..8. [`quantize_q3_0`] makes
+//! it.
 
 use super::cpu_features;
 
@@ -24,6 +32,7 @@ pub(crate) const QK: usize = 32;
 /// A block format, as ggml names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QFormat {
+    Q3_0,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -31,13 +40,14 @@ pub enum QFormat {
 }
 
 crate::sys::named::impl_named!(QFormat, "block format", {
-    Q4_0 => "q4_0", Q4_1 => "q4_1", Q5_0 => "q5_0", Q8_0 => "q8_0"
+    Q3_0 => "q3_0", Q4_0 => "q4_0", Q4_1 => "q4_1", Q5_0 => "q5_0", Q8_0 => "q8_0"
 });
 
 impl QFormat {
     /// Bytes of one block of 32 weights.
     pub const fn block_bytes(self) -> usize {
         match self {
+            Self::Q3_0 => 14,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
@@ -50,15 +60,17 @@ impl QFormat {
         cols / QK * self.block_bytes()
     }
 
-    /// ggml's name for the format (candle's `GgmlDType`).
-    pub(crate) fn ggml(self) -> candle_core::quantized::GgmlDType {
+    /// ggml's name for the format (candle's `GgmlDType`); `None` for
+    /// `Q3_0`, which is ours.
+    pub(crate) fn ggml(self) -> Option<candle_core::quantized::GgmlDType> {
         use candle_core::quantized::GgmlDType;
-        match self {
+        Some(match self {
+            Self::Q3_0 => return None,
             Self::Q4_0 => GgmlDType::Q4_0,
             Self::Q4_1 => GgmlDType::Q4_1,
             Self::Q5_0 => GgmlDType::Q5_0,
             Self::Q8_0 => GgmlDType::Q8_0,
-        }
+        })
     }
 
     /// Bits per weight, scales included.
@@ -71,6 +83,62 @@ impl QFormat {
     /// not a scale times an integer in general.
     pub(crate) const fn exact_in_q8_0(self) -> bool {
         !matches!(self, Self::Q4_1)
+    }
+
+    /// Whether rows of this format are made planar where planar rows are
+    /// preferred (`super::planar`): all but `Q3_0`, which has no planar
+    /// kernels (`Q8_0`'s planar form is its block form).
+    pub(crate) const fn goes_planar(self) -> bool {
+        !matches!(self, Self::Q3_0)
+    }
+}
+
+/// Candidate steps [`quantize_q3_0`] tries per block, from `max/-4`
+/// (the largest weight at the lowest level, as ggml's `Q4_0` makes its
+/// step) to a step 1.8 times as large (`max/-2.2`): clipping the largest weight often
+/// rounds the other 31 closer.
+const Q3_STEPS: usize = 17;
+
+/// `w` (a multiple of 32 long) as `Q3_0` blocks into `out` (14 bytes a
+/// block): per block the step of [`Q3_STEPS`] candidates with the least
+/// squared error, `imp` (as long as `w`, or empty for equal weights)
+/// weighting each position's error.
+pub(crate) fn quantize_q3_0(w: &[f32], imp: &[f32], out: &mut [u8]) {
+    debug_assert!(w.len().is_multiple_of(QK));
+    debug_assert_eq!(out.len(), w.len() / QK * QFormat::Q3_0.block_bytes());
+    debug_assert!(imp.is_empty() || imp.len() == w.len());
+    let level = |v: f32, id: f32| ((v * id + ROUND) - ROUND).clamp(-4.0, 3.0);
+    for (b, (wb, ob)) in w.chunks_exact(QK).zip(out.chunks_exact_mut(14)).enumerate() {
+        let weight = |i: usize| imp.get(b * QK + i).copied().unwrap_or(1.0);
+        // The weight of largest magnitude, its sign kept.
+        let max = wb
+            .iter()
+            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let mut best = (f32::INFINITY, 0f32);
+        for s in 0..Q3_STEPS {
+            let d = half::f16::from_f32(max / (-4.0 + 0.1125 * s as f32)).to_f32();
+            if d == 0.0 || !d.is_finite() {
+                continue;
+            }
+            let id = 1.0 / d;
+            let err: f32 = (0..QK)
+                .map(|i| weight(i) * (wb[i] - d * level(wb[i], id)).powi(2))
+                .sum();
+            if err < best.0 {
+                best = (err, d);
+            }
+        }
+        let d = best.1;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        ob.fill(0);
+        ob[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        let mut qh = 0u32;
+        for (i, &v) in wb.iter().enumerate() {
+            let q = (level(v, id) + 4.0) as u32;
+            qh |= (q >> 2) << i;
+            ob[6 + i % 8] |= ((q & 3) << (2 * (i / 8))) as u8;
+        }
+        ob[2..6].copy_from_slice(&qh.to_le_bytes());
     }
 }
 

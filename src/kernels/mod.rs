@@ -163,13 +163,24 @@ pub(crate) mod test_data {
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
 
-    pub(crate) const ALL: [QFormat; 4] =
-        [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q8_0];
+    pub(crate) const ALL: [QFormat; 5] = [
+        QFormat::Q3_0,
+        QFormat::Q4_0,
+        QFormat::Q4_1,
+        QFormat::Q5_0,
+        QFormat::Q8_0,
+    ];
 
-    /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's port).
+    /// Rows of `w` (`[rows, cols]`) quantized by ggml's own code (candle's
+    /// port); `Q3_0` by ours.
     pub(crate) fn quantize_rows(w: &[f32], cols: usize, f: QFormat) -> Vec<u8> {
+        let Some(ggml) = f.ggml() else {
+            let mut out = vec![0u8; f.row_bytes(w.len())];
+            super::blocks::quantize_q3_0(w, &[], &mut out);
+            return out;
+        };
         let t = Tensor::from_slice(w, (w.len() / cols, cols), &Device::Cpu).unwrap();
-        QTensor::quantize(&t, f.ggml())
+        QTensor::quantize(&t, ggml)
             .unwrap()
             .data()
             .unwrap()
@@ -187,6 +198,12 @@ pub(crate) mod test_data {
                     (if i < 16 { byte & 15 } else { byte >> 4 }) as i32
                 };
                 out.push(match f {
+                    QFormat::Q3_0 => {
+                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                        let lo = (b[6 + i % 8] >> (2 * (i / 8))) & 3;
+                        let hi = ((qh >> i) & 1) as u8;
+                        d * ((lo | hi << 2) as i32 - 4) as f32
+                    }
                     QFormat::Q8_0 => d * (b[2 + i] as i8) as f32,
                     QFormat::Q4_0 => d * (nib(&b[2..]) - 8) as f32,
                     QFormat::Q4_1 => d * nib(&b[4..]) as f32 + f16_at(b, 2),

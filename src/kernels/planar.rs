@@ -35,6 +35,7 @@ pub enum RowForm {
 /// 32-byte halves already load whole).
 pub(crate) const fn fields(format: QFormat) -> &'static [(usize, usize)] {
     match format {
+        QFormat::Q3_0 => &[(0, 2), (2, 4), (6, 8)],
         QFormat::Q4_0 => &[(0, 2), (2, 16)],
         QFormat::Q4_1 => &[(0, 2), (2, 2), (4, 16)],
         QFormat::Q5_0 => &[(0, 2), (2, 4), (6, 16)],
@@ -87,7 +88,8 @@ pub(crate) fn to_planar(format: QFormat, row: &[u8], out: &mut [u8]) {
 }
 
 /// A block's fields, read where they lie: scale `d`, minimum `m` (`Q4_1`,
-/// else 0), fifth bits `qh` (`Q5_0`, else 0) and quants.
+/// else 0), high bits `qh` (`Q5_0`'s fifth, `Q3_0`'s third, else 0) and
+/// quants.
 pub(crate) struct Fields<'a> {
     pub d: f32,
     pub m: f32,
@@ -110,6 +112,12 @@ pub(crate) fn fields_at(
     if form == RowForm::Blocks || format == QFormat::Q8_0 {
         let b = i * format.block_bytes();
         return match format {
+            QFormat::Q3_0 => Fields {
+                d: f16_at(row, b),
+                m: 0.0,
+                qh: u32_at(b + 2),
+                qs: &row[b + 6..b + 14],
+            },
             QFormat::Q4_0 => Fields {
                 d: f16_at(row, b),
                 m: 0.0,
@@ -138,6 +146,12 @@ pub(crate) fn fields_at(
     }
     // Planar: field `(off, len)` of block `i` at `k·off + i·len` ([`pieces`]).
     match format {
+        QFormat::Q3_0 => Fields {
+            d: f16_at(row, 2 * i),
+            m: 0.0,
+            qh: u32_at(2 * k + 4 * i),
+            qs: &row[6 * k + 8 * i..][..8],
+        },
         QFormat::Q4_0 => Fields {
             d: f16_at(row, 2 * i),
             m: 0.0,

@@ -18,6 +18,13 @@ pub(super) fn unpack(format: QFormat, b: &[u8], q: &mut [i32; QK]) -> (f32, f32)
         }
     };
     match format {
+        QFormat::Q3_0 => {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for (i, qi) in q.iter_mut().enumerate() {
+                *qi = ((b[6 + i % 8] >> (2 * (i / 8))) & 3) as i32 | (((qh >> i) & 1) << 2) as i32;
+            }
+            (d, -4.0 * d)
+        }
         QFormat::Q8_0 => {
             for (qi, &v) in q.iter_mut().zip(&b[2..2 + QK]) {
                 *qi = v as i8 as i32;

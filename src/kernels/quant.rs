@@ -20,14 +20,15 @@ use super::spin_pool::{DisjointSlice, SpinPool};
 use super::{x86_quant, x86_vnni, x86_vnni_planar};
 
 /// `row` (blocks of `format`) as `Q8_0` blocks holding exactly the same
-/// weights, where that exists ([`QFormat::exact_in_q8_0`]): a `Q4_0` or
-/// `Q5_0` block's weights are its scale `d` times the integers `q-8` or
-/// `q-16`, which a `Q8_0` block with the same `d` holds as they are; `Q8_0`
+/// weights, where that exists ([`QFormat::exact_in_q8_0`]): a `Q3_0`,
+/// `Q4_0` or `Q5_0` block's weights are its scale `d` times the integers
+/// `q-4`, `q-8` or `q-16`, which a `Q8_0` block with the same `d` holds as they are; `Q8_0`
 /// rows are returned as they are. `None` for `Q4_1`.
 pub(crate) fn widen_to_q8_0(format: QFormat, row: &[u8]) -> Option<Vec<u8>> {
     let offset = match format {
         QFormat::Q8_0 => return Some(row.to_vec()),
         QFormat::Q4_1 => return None,
+        QFormat::Q3_0 => 4,
         QFormat::Q4_0 => 8,
         QFormat::Q5_0 => 16,
     };
@@ -247,9 +248,12 @@ pub(crate) mod tests {
         let w = data(4 * cols, 11);
         for f in ALL {
             let q = quantize_rows(&w, cols, f);
+            let Some(ggml) = f.ggml() else {
+                continue; // Q3_0: ours (its quantizer's test is below)
+            };
             let t = QTensor::quantize(
                 &Tensor::from_slice(&w, (4, cols), &Device::Cpu).unwrap(),
-                f.ggml(),
+                ggml,
             )
             .unwrap();
             let want: Vec<f32> = t
@@ -261,6 +265,60 @@ pub(crate) mod tests {
                 .unwrap();
             assert_eq!(plain_dequantize(f, &q), want, "{f}");
         }
+    }
+
+    #[test]
+    fn q3_0_holds_its_levels_exactly_and_rounds_no_worse_than_plain_rounding() {
+        use crate::kernels::blocks::quantize_q3_0;
+        let f = QFormat::Q3_0;
+        // Weights on the levels of a step 0.5 (each block's first at -4
+        // steps, the largest): they come back bit for bit.
+        let w: Vec<f32> = (0..4 * QK)
+            .map(|i| match i % QK {
+                0 => -2.0,
+                j => 0.5 * ((j * 7 + i / QK) % 8) as f32 - 2.0,
+            })
+            .collect();
+        let mut q = vec![0u8; f.row_bytes(w.len())];
+        quantize_q3_0(&w, &[], &mut q);
+        assert_eq!(plain_dequantize(f, &q), w);
+        // Smooth data: the searched step's squared error per block is at
+        // most that of the plain step `max/-4`, and every weight is within
+        // one step of its value.
+        let w = data(8 * QK, 21);
+        let mut q = vec![0u8; f.row_bytes(w.len())];
+        quantize_q3_0(&w, &[], &mut q);
+        let back = plain_dequantize(f, &q);
+        for (b, (wb, bb)) in w.chunks_exact(QK).zip(back.chunks_exact(QK)).enumerate() {
+            let max = wb
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let d = half::f16::from_f32(max / -4.0).to_f32();
+            let plain: f32 = wb
+                .iter()
+                .map(|&v| (v - d * (v / d).round().clamp(-4.0, 3.0)).powi(2))
+                .sum();
+            let got: f32 = wb.iter().zip(bb).map(|(a, b)| (a - b).powi(2)).sum();
+            assert!(got <= plain * 1.0001, "block {b}: {got} > {plain}");
+            let step = half::f16::from_le_bytes([q[14 * b], q[14 * b + 1]])
+                .to_f32()
+                .abs();
+            for (a, b) in wb.iter().zip(bb) {
+                assert!((a - b).abs() <= step * 1.0001, "block {b}: {a} vs {b}");
+            }
+        }
+        // An importance of zero on a position frees it: the rest fit better.
+        let mut imp = vec![1f32; w.len()];
+        imp.iter_mut().step_by(QK).for_each(|v| *v = 0.0);
+        let mut qi = vec![0u8; q.len()];
+        quantize_q3_0(&w, &imp, &mut qi);
+        let err = |q: &[u8]| -> f32 {
+            let back = plain_dequantize(f, q);
+            (0..w.len())
+                .map(|i| imp[i] * (w[i] - back[i]).powi(2))
+                .sum()
+        };
+        assert!(err(&qi) <= err(&q) * 1.0001);
     }
 
     #[test]

@@ -132,6 +132,14 @@ fn unsigned(format: QFormat, f: &planar::Fields, u: &mut [u8; QK]) {
                 hi[i] = (qs[i] >> 4) + off;
             }
         }
+        // `c = q - 4`: 2-bit pairs, the third bit of weight `i` in bit `i` of `qh`.
+        QFormat::Q3_0 => {
+            let qh = f.qh;
+            for (i, ui) in u.iter_mut().enumerate() {
+                let q = (qs[i % 8] >> (2 * (i / 8))) & 3 | ((qh >> i) as u8 & 1) << 2;
+                *ui = q + 124;
+            }
+        }
         // `c = q - 16`, the fifth bit of weight `i` in bit `i` of `qh`.
         QFormat::Q5_0 => {
             let qh = f.qh;

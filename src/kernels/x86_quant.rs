@@ -3,8 +3,9 @@
 //!
 //! A block's weights become 32 bytes in one register: `Q8_0`'s as they
 //! are (signed), the others' as unsigned `q` (nibbles, plus `Q5_0`'s fifth
-//! bits), whose products with the i8 activations `maddubs` sums in pairs;
-//! the offset (`Q4_0`'s -8, `Q5_0`'s -16, `Q4_1`'s `m`) is applied once
+//! bits; `Q3_0`'s 2-bit pairs plus third bits), whose products with the i8
+//! activations `maddubs` sums in pairs; the offset (`Q4_0`'s -8, `Q5_0`'s
+//! -16, `Q3_0`'s -4, `Q4_1`'s `m`) is applied once
 //! per block through the activations' block sum.
 
 use super::blocks::{Q8Act, QFormat, QK};
@@ -38,10 +39,21 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
-/// `Q5_0`'s 32 fifth bits (a u32 at `p`) as bytes `0x10` or `0`.
+/// 8 bytes of 2-bit pairs (`Q3_0`'s) → 32 bytes: bits `2k..2k+2` of
+/// byte `j` to byte `8k + j`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fifth_bits(p: *const u8) -> __m256i {
+unsafe fn pairs(p: *const u8) -> __m256i {
+    let v = _mm256_set1_epi64x((p as *const i64).read_unaligned());
+    let v = _mm256_srlv_epi64(v, _mm256_set_epi64x(6, 4, 2, 0));
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
+}
+
+/// 32 high bits (a u32 at `p`: `Q5_0`'s fifth, `Q3_0`'s third) as bytes
+/// `BIT` or `0`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn high_bits<const BIT: i8>(p: *const u8) -> __m256i {
     let x32 = (p as *const u32).read_unaligned();
     let shuf = _mm256_set_epi64x(
         0x0303030303030303,
@@ -52,7 +64,7 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
     let bit = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     let set = _mm256_cmpeq_epi8(bit, _mm256_set1_epi64x(-1));
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(set, _mm256_set1_epi8(BIT))
 }
 
 /// Σ of the 32 products of unsigned bytes `q` and signed bytes `y`, as
@@ -82,8 +94,13 @@ unsafe fn block(format: QFormat, b: *const u8) -> (__m256i, f32, f32) {
         QFormat::Q8_0 => (_mm256_loadu_si256(b.add(2) as *const __m256i), d, 0.0),
         QFormat::Q4_0 => (nibbles(b.add(2)), d, -8.0 * d),
         QFormat::Q4_1 => (nibbles(b.add(4)), d, f16_to_f32(b.add(2))),
+        QFormat::Q3_0 => (
+            _mm256_or_si256(pairs(b.add(6)), high_bits::<0x04>(b.add(2))),
+            d,
+            -4.0 * d,
+        ),
         QFormat::Q5_0 => (
-            _mm256_or_si256(nibbles(b.add(6)), fifth_bits(b.add(2))),
+            _mm256_or_si256(nibbles(b.add(6)), high_bits::<0x10>(b.add(2))),
             d,
             -16.0 * d,
         ),
@@ -91,13 +108,14 @@ unsafe fn block(format: QFormat, b: *const u8) -> (__m256i, f32, f32) {
 }
 
 /// The format a kernel's const parameter stands for (0 `Q4_0`, 1 `Q4_1`,
-/// 2 `Q5_0`, 3 `Q8_0`; also the AVX-512 back end's).
+/// 2 `Q5_0`, 3 `Q8_0`, 4 `Q3_0`; also the AVX-512 back end's).
 pub(super) const fn format_of(f: u8) -> QFormat {
     match f {
         0 => QFormat::Q4_0,
         1 => QFormat::Q4_1,
         2 => QFormat::Q5_0,
-        _ => QFormat::Q8_0,
+        3 => QFormat::Q8_0,
+        _ => QFormat::Q3_0,
     }
 }
 
@@ -168,6 +186,7 @@ pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         QFormat::Q4_1 => dot_format::<1>(row, x),
         QFormat::Q5_0 => dot_format::<2>(row, x),
         QFormat::Q8_0 => dot_format::<3>(row, x),
+        QFormat::Q3_0 => dot_format::<4>(row, x),
     }
 }
 
@@ -210,5 +229,6 @@ pub(crate) unsafe fn axpy(format: QFormat, a: f32, row: &[u8], y: &mut [f32]) {
         QFormat::Q4_1 => axpy_format::<1>(a, row, y),
         QFormat::Q5_0 => axpy_format::<2>(a, row, y),
         QFormat::Q8_0 => axpy_format::<3>(a, row, y),
+        QFormat::Q3_0 => axpy_format::<4>(a, row, y),
     }
 }

@@ -10,8 +10,9 @@
 //! block B's; one conversion and one multiply-add by the blocks' scales
 //! (`d_w·d_x`, each repeated over its 8 lanes) finish the pair. Weights are
 //! made unsigned: the nibble formats are (`q`, `Q5_0`'s fifth bit added under
-//! a mask), `Q8_0`'s bytes get `+128` (an `xor`); the offset this leaves
-//! (`-8`, `-16`, `-128` times `Σ x_q` of the block) starts the i32 sum, from
+//! a mask; `Q3_0`'s 2-bit pairs likewise with its third bit), `Q8_0`'s bytes
+//! get `+128` (an `xor`); the offset this leaves (`-4`, `-8`, `-16`, `-128`
+//! times `Σ x_q` of the block) starts the i32 sum, from
 //! [`Q8Act::corr`], so it is exact. `Q4_1`'s `m·Σx` is added per block in f32.
 //!
 //! `down_proj`'s `Q8_0` neuron rows (the axpy) widen 16 bytes at a time
@@ -30,9 +31,10 @@ const PREFETCH_BYTES: usize = 2048;
 pub(crate) use super::cpu_features::avx512_vnni as available;
 
 /// The i32 offset per block, as a power of two, that makes the weights
-/// unsigned: `q - 8`, `q - 16`, `(q + 128) - 128`; none for `Q4_1`.
+/// unsigned: `q - 4`, `q - 8`, `q - 16`, `(q + 128) - 128`; none for `Q4_1`.
 const fn offset_shift(format: QFormat) -> i32 {
     match format {
+        QFormat::Q3_0 => 2,
         QFormat::Q4_0 => 3,
         QFormat::Q5_0 => 4,
         QFormat::Q8_0 => 7,
@@ -52,6 +54,20 @@ unsafe fn pair_weights<const F: u8>(b: *const u8, bb: usize) -> __m512i {
         let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c);
         return _mm512_xor_si512(w, _mm512_set1_epi8(-128));
     }
+    let high = |at: usize| {
+        let ha = (b.add(at) as *const u32).read_unaligned() as u64;
+        let hc = (b.add(bb + at) as *const u32).read_unaligned() as u64;
+        ha | hc << 32
+    };
+    if format == QFormat::Q3_0 {
+        // Each block's 8 bytes of pairs four times, shifted by 0, 2, 4, 6.
+        let qa = (b.add(6) as *const i64).read_unaligned();
+        let qc = (b.add(bb + 6) as *const i64).read_unaligned();
+        let w = _mm512_set_epi64(qc, qc, qc, qc, qa, qa, qa, qa);
+        let w = _mm512_srlv_epi64(w, _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0));
+        let w = _mm512_and_si512(w, _mm512_set1_epi8(3));
+        return _mm512_mask_add_epi8(w, high(2), w, _mm512_set1_epi8(0x04));
+    }
     let qs = match format {
         QFormat::Q4_0 => 2,
         QFormat::Q4_1 => 4,
@@ -65,9 +81,7 @@ unsafe fn pair_weights<const F: u8>(b: *const u8, bb: usize) -> __m512i {
     let w = _mm512_srlv_epi64(w, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
     let w = _mm512_and_si512(w, _mm512_set1_epi8(0x0f));
     if format == QFormat::Q5_0 {
-        let ha = (b.add(2) as *const u32).read_unaligned() as u64;
-        let hc = (b.add(bb + 2) as *const u32).read_unaligned() as u64;
-        return _mm512_mask_add_epi8(w, ha | hc << 32, w, _mm512_set1_epi8(0x10));
+        return _mm512_mask_add_epi8(w, high(2), w, _mm512_set1_epi8(0x10));
     }
     w
 }
@@ -143,6 +157,7 @@ pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         QFormat::Q4_1 => dot_format::<1>(row, x),
         QFormat::Q5_0 => dot_format::<2>(row, x),
         QFormat::Q8_0 => dot_format::<3>(row, x),
+        QFormat::Q3_0 => dot_format::<4>(row, x),
     }
 }
 
@@ -216,6 +231,7 @@ pub(crate) unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (
         QFormat::Q4_1 => dot2_format::<1>(r0, r1, x),
         QFormat::Q5_0 => dot2_format::<2>(r0, r1, x),
         QFormat::Q8_0 => dot2_format::<3>(r0, r1, x),
+        QFormat::Q3_0 => dot2_format::<4>(r0, r1, x),
     }
 }
 
@@ -285,6 +301,7 @@ pub(crate) unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32;
         QFormat::Q4_1 => dot4_format::<1>(row, xs),
         QFormat::Q5_0 => dot4_format::<2>(row, xs),
         QFormat::Q8_0 => dot4_format::<3>(row, xs),
+        QFormat::Q3_0 => dot4_format::<4>(row, xs),
     }
 }
 

@@ -63,7 +63,7 @@ unsafe fn group_weights<const F: u8>(r: *const u8, k: usize, g: usize, t: usize)
         QFormat::Q4_0 => 2,
         QFormat::Q4_1 => 4,
         QFormat::Q5_0 => 6,
-        QFormat::Q8_0 => unreachable!("Q8_0 rows are not made planar"),
+        QFormat::Q8_0 | QFormat::Q3_0 => unreachable!("{format} rows have no planar kernel"),
     };
     let p = r.add(qs_at + 16 * i);
     let q = if whole {
@@ -121,7 +121,7 @@ const fn offset_shift(format: QFormat) -> i32 {
     match format {
         QFormat::Q4_0 => 3,
         QFormat::Q5_0 => 4,
-        QFormat::Q8_0 | QFormat::Q4_1 => 0,
+        QFormat::Q8_0 | QFormat::Q4_1 | QFormat::Q3_0 => 0,
     }
 }
 
@@ -235,8 +235,17 @@ pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         QFormat::Q4_1 => dots::<1, 1>([row], x),
         QFormat::Q5_0 => dots::<2, 1>([row], x),
         QFormat::Q8_0 => [super::x86_vnni::dot(format, row, x)],
+        QFormat::Q3_0 => [super::x86_vnni::dot(format, &whole(format, row), x)],
     };
     v
+}
+
+/// A planar row of a format without planar kernels (`Q3_0`, never made
+/// planar by the model) back in whole blocks, for the block kernels.
+fn whole(format: QFormat, row: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; row.len()];
+    super::planar::to_blocks(format, row, &mut out);
+    out
 }
 
 /// `(r0 · x, r1 · x)` for two planar rows of one format.
@@ -251,6 +260,11 @@ pub(crate) unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (
         QFormat::Q5_0 => dots::<2, 2>([r0, r1], x),
         QFormat::Q8_0 => {
             let (a, b) = super::x86_vnni::dot2(format, r0, r1, x);
+            [a, b]
+        }
+        QFormat::Q3_0 => {
+            let (r0, r1) = (whole(format, r0), whole(format, r1));
+            let (a, b) = super::x86_vnni::dot2(format, &r0, &r1, x);
             [a, b]
         }
     };
@@ -287,5 +301,6 @@ pub(crate) unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32;
         QFormat::Q4_1 => dot4_format::<1>(row, xs),
         QFormat::Q5_0 => dot4_format::<2>(row, xs),
         QFormat::Q8_0 => super::x86_vnni::dot4(format, row, xs),
+        QFormat::Q3_0 => super::x86_vnni::dot4(format, &whole(format, row), xs),
     }
 }

@@ -320,6 +320,7 @@ mod tests {
             gate_keep: 1.0,
             layer_drop: Vec::new(),
             coarse_ratio: 0.0,
+            coarse_bits: 4,
         }
     }
 

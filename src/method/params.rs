@@ -67,10 +67,19 @@ pub struct SelectionParams {
     /// dtype's own; 0 = none (load-only mode).
     #[serde(default)]
     pub coarse_ratio: f64,
+    /// Bits of the coarse tier's gate and up rows: 4 keeps the file's
+    /// blocks as they are, 3 requantizes them to `Q3_0` (a Qwen 1.5B
+    /// neuron 2,208 bytes, not 2,784; [`crate::model::ffn_tier`]).
+    #[serde(default = "four_bits")]
+    pub coarse_bits: u32,
 }
 
 fn no_gating() -> f64 {
     1.0
+}
+
+fn four_bits() -> u32 {
+    4
 }
 
 /// How prefill ranks a layer's loaded neurons for the prompt's dynamic set,
@@ -131,6 +140,12 @@ impl SelectionParams {
         let k = self.gate_keep;
         if !(k > 0.0 && k <= 1.0) {
             bail!("gate_keep (κ) must be in (0, 1] (1 = no per-token gating), got {k}");
+        }
+        if !matches!(self.coarse_bits, 3 | 4) {
+            bail!(
+                "coarse_bits must be 3 or 4 (bits of the coarse tier's gate and up rows), got {}",
+                self.coarse_bits
+            );
         }
         if !(0.0..=1.0).contains(&self.coarse_ratio) {
             bail!(
@@ -267,6 +282,7 @@ mod tests {
             gate_keep: 1.0,
             layer_drop,
             coarse_ratio: 0.0,
+            coarse_bits: 4,
         }
     }
 

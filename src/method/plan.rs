@@ -169,6 +169,7 @@ mod tests {
             gate_keep: 1.0,
             layer_drop: Vec::new(),
             coarse_ratio,
+            coarse_bits: 4,
         }
     }
 

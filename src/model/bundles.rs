@@ -62,7 +62,7 @@ impl Bundles {
                 data.len()
             );
         }
-        if planar::preferred() {
+        if planar::preferred() && layout.gate.goes_planar() && layout.up.goes_planar() {
             let (h, gb) = (layout.hidden, layout.gate_bytes());
             let rows = gb + layout.up_bytes();
             for b in data.chunks_exact_mut(bb) {

@@ -1,7 +1,9 @@
 //! The coarse tier of a layer's FFN (graded precision by rank): neurons
 //! held beside the layer's own MLP with fewer bits a weight. Their gate
-//! and up rows are the quantized checkpoint's blocks as they are; their
-//! down rows (a neuron's column of `down_proj`, which runs along the
+//! and up rows are the quantized checkpoint's blocks as they are
+//! (`coarse_bits` 4) or requantized at load to our 3-bit `Q3_0` (3: each
+//! block's step chosen for the least squared error,
+//! [`crate::kernels::blocks::quantize_q3_0`]); their down rows (a neuron's column of `down_proj`, which runs along the
 //! hidden size) are requantized at load from the file's `Q8_0` to
 //! [`FORMAT`] over per-channel scales: channel `h` of every down row of
 //! the tier is divided by its RMS over the tier's neurons before
@@ -11,10 +13,12 @@
 //! times the KL: docs/EXPERIMENTS.md, "Fidelity of the formats").
 //!
 //! A `Q4_0` down row is 864 bytes on Qwen 1.5B against `Q8_0`'s 1,632: a
-//! neuron in the tier costs 2,784 bytes, not 3,552. The tier is computed
+//! neuron in the tier costs 2,784 bytes, not 3,552 (2,208 with 3-bit gate
+//! and up rows, 672 bytes each against `Q4_1`'s 960). The tier is computed
 //! whole, every token, after the layer's own MLP; the fused kernels run it
 //! as any bundles (a down row in whole blocks is added per neuron).
 
+use crate::kernels::blocks::quantize_q3_0;
 use crate::kernels::quant::{self, QFormat};
 use crate::kernels::quant_mlp::BundleLayout;
 use crate::model::bundles::Bundles;
@@ -31,6 +35,22 @@ pub(crate) const FORMAT: QFormat = QFormat::Q4_0;
 /// few MiB whatever the tier's size.
 const CHUNK: usize = 256;
 
+/// The tier's bundles' layout from the file's `l` with gate and up rows of
+/// `bits` (4: as in the file; 3: `Q3_0`), down rows in [`FORMAT`].
+pub(crate) fn layout(l: &BundleLayout, bits: u32) -> Result<BundleLayout> {
+    let (gate, up) = match bits {
+        4 => (l.gate, l.up),
+        3 => (QFormat::Q3_0, QFormat::Q3_0),
+        _ => bail!("coarse_bits is 3 or 4, not {bits}"),
+    };
+    Ok(BundleLayout {
+        gate,
+        up,
+        down: FORMAT,
+        ..*l
+    })
+}
+
 /// One layer's coarse tier.
 #[derive(Debug, Clone)]
 pub(crate) struct CoarseFfn {
@@ -41,38 +61,55 @@ pub(crate) struct CoarseFfn {
 
 impl CoarseFfn {
     /// Neurons `ids` (original indices, ascending) of layer `layer` of
-    /// `file`, their down rows requantized to [`FORMAT`] over per-channel
-    /// scales (module docs).
-    pub(crate) fn load(file: &QFile, layer: usize, ids: &[u32]) -> Result<Self> {
+    /// `file`, their gate and up rows of `bits` ([`layout`]), their down
+    /// rows requantized to [`FORMAT`] over per-channel scales (module docs).
+    pub(crate) fn load(file: &QFile, layer: usize, ids: &[u32], bits: u32) -> Result<Self> {
         let what = || format!("layer {layer}'s coarse FFN tier ({} neurons)", ids.len());
         if ids.is_empty() {
             bail!("{}: no neurons", what());
         }
-        let mut layout = None;
+        let mut file_layout = None;
         let (mut out, mut downs) = (Vec::new(), Vec::new());
+        let mut w = Vec::new();
         for chunk in ids.chunks(CHUNK) {
             let (l, raw) = file.raw_bundles(layer, Some(chunk)).with_context(what)?;
             if l.down != QFormat::Q8_0 {
                 bail!("{}: its down rows are {}, not q8_0", what(), l.down);
             }
-            let (bb, gu) = (l.bundle_bytes(), l.gate_up_bytes());
-            let coarse = gu + FORMAT.row_bytes(l.hidden);
+            let (bb, gb, gu) = (l.bundle_bytes(), l.gate_bytes(), l.gate_up_bytes());
+            let tier = layout(&l, bits).with_context(what)?;
+            let coarse = tier.bundle_bytes();
             if out.is_empty() {
                 out.reserve_exact(ids.len() * coarse);
                 downs.reserve_exact(ids.len() * l.down_bytes());
+                w.resize(l.hidden, 0f32);
             }
             for b in raw.chunks_exact(bb) {
-                out.extend_from_slice(&b[..gu]);
-                out.resize(out.len() + coarse - gu, 0);
+                let at = out.len();
+                if bits == 4 {
+                    out.extend_from_slice(&b[..gu]);
+                } else {
+                    for (from, row) in [(l.gate, &b[..gb]), (l.up, &b[gb..gu])] {
+                        quant::dequantize_row(from, row, &mut w);
+                        let at = out.len();
+                        out.resize(at + tier.gate_bytes(), 0);
+                        quantize_q3_0(&w, &[], &mut out[at..]);
+                    }
+                }
+                out.resize(at + coarse, 0);
                 downs.extend_from_slice(&b[gu..]);
             }
-            layout = Some(l);
+            file_layout = Some(l);
         }
-        let file_layout = layout.expect("at least one chunk");
+        let file_layout = file_layout.expect("at least one chunk");
+        let layout = layout(&file_layout, bits)?;
         let h = file_layout.hidden;
         let scale = channel_scales(&downs, h);
-        let gu = file_layout.gate_up_bytes();
-        let (q8, coarse) = (file_layout.down_bytes(), gu + FORMAT.row_bytes(h));
+        let (q8, coarse, gu) = (
+            file_layout.down_bytes(),
+            layout.bundle_bytes(),
+            layout.gate_up_bytes(),
+        );
         let mut rows = vec![0f32; CHUNK.min(ids.len()) * h];
         for (c, chunk) in downs.chunks(CHUNK * q8).enumerate() {
             let n = chunk.len() / q8;
@@ -82,7 +119,8 @@ impl CoarseFfn {
                 row.iter_mut().zip(&scale).for_each(|(w, s)| *w /= s);
             }
             let t = Tensor::from_slice(rows, (n, h), &Device::Cpu)?;
-            let q = QTensor::quantize(&t, FORMAT.ggml())?.data()?.to_vec();
+            let ggml = FORMAT.ggml().context("the down rows' format is ggml's")?;
+            let q = QTensor::quantize(&t, ggml)?.data()?.to_vec();
             let rb = FORMAT.row_bytes(h);
             for (j, r) in q.chunks_exact(rb).enumerate() {
                 let at = (c * CHUNK + j) * coarse + gu;
@@ -90,10 +128,6 @@ impl CoarseFfn {
             }
         }
         drop(downs);
-        let layout = BundleLayout {
-            down: FORMAT,
-            ..file_layout
-        };
         let bundles = Bundles::new_in(layout, out, true).with_context(what)?;
         let mlp = Mlp::from_bundles(bundles, Some(ids.to_vec())).with_context(what)?;
         Ok(Self { mlp, scale })

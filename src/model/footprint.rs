@@ -61,8 +61,8 @@ impl Footprint {
                 let coarse = (file.header.ffn.iter())
                     .map(|l| {
                         let layout = l.layout()?;
-                        let down = super::ffn_tier::FORMAT.row_bytes(layout.hidden);
-                        Ok((layout.gate_up_bytes() + down) as u64)
+                        let tier = super::ffn_tier::layout(&layout, opts.coarse_bits)?;
+                        Ok(tier.bundle_bytes() as u64)
                     })
                     .collect::<Result<_>>()
                     .with_context(|| format!("{}: its FFN layouts", path.display()))?;

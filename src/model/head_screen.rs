@@ -171,7 +171,10 @@ impl HeadScreen {
             match bits {
                 ScreenBits::Four => {
                     let t = Tensor::from_slice(f, (r1 - r0, cols), &Device::Cpu)?;
-                    out.copy_from_slice(&QTensor::quantize(&t, QFormat::Q4_0.ggml())?.data()?);
+                    out.copy_from_slice(
+                        &QTensor::quantize(&t, QFormat::Q4_0.ggml().context("q4_0 is ggml's")?)?
+                            .data()?,
+                    );
                 }
                 ScreenBits::Two => {
                     use rayon::prelude::*;

@@ -273,7 +273,7 @@ impl Model {
                     Some(ids) if !ids.is_empty() => {
                         let mut ids = ids.clone();
                         ids.sort_unstable();
-                        Some(ffn_tier::CoarseFfn::load(&file, i, &ids)?)
+                        Some(ffn_tier::CoarseFfn::load(&file, i, &ids, opts.coarse_bits)?)
                     }
                     _ => None,
                 };

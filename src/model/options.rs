@@ -47,6 +47,9 @@ pub struct LoadOptions {
     /// in 4 bits over per-channel scales), none of them among `ffn`'s;
     /// empty: no tier (quantized dtypes only).
     pub ffn_coarse: Vec<Vec<u32>>,
+    /// Bits of the coarse tier's gate and up rows: 4 (the file's blocks)
+    /// or 3 (`Q3_0`).
+    pub coarse_bits: u32,
 }
 
 impl LoadOptions {

@@ -31,6 +31,7 @@ pub const KEYS: &[&str] = &[
     "dense_layers",
     "layer_drop",
     "coarse_ratio",
+    "coarse_bits",
 ];
 
 /// A preset as read: its file and its `(key, value)` pairs in file order.

@@ -64,9 +64,12 @@ fn target(q: Quant, t: Option<GgmlDType>) -> QFormat {
 
 /// Rows of `t` (`[rows, cols]`, f32) as blocks of `f`, by ggml's own code (candle's port).
 fn quantize(t: &Tensor, f: QFormat) -> Result<Vec<u8>> {
-    Ok(QTensor::quantize(&t.contiguous()?, f.ggml())?
-        .data()?
-        .to_vec())
+    Ok(QTensor::quantize(
+        &t.contiguous()?,
+        f.ggml().with_context(|| format!("{f} has no ggml form"))?,
+    )?
+    .data()?
+    .to_vec())
 }
 
 /// Where the tensors come from: the f32 checkpoint and, if kept, the GGUF.

@@ -104,8 +104,9 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "dense" | "dense_layers" => p.dense_layers = parse_list(value).with_context(named)?,
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             "coarse" | "coarse_ratio" => p.coarse_ratio = ratio()?,
+            "cbits" | "coarse_bits" => p.coarse_bits = value.parse().with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, infile, dense, drop, coarse)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, infile, dense, drop, coarse, cbits)"
             ),
         }
     }

@@ -122,6 +122,11 @@ pub struct MethodArgs {
     /// mode load-only; docs/CLI.md).
     #[arg(long, default_value_t = CLI.coarse_ratio)]
     pub coarse_ratio: f64,
+    /// Bits of the coarse tier's gate and up rows: 4 (the file's blocks)
+    /// or 3 (requantized to Q3_0: ~21 % fewer bytes a tier neuron on Qwen
+    /// again, at some fidelity; docs/CLI.md).
+    #[arg(long, default_value_t = CLI.coarse_bits)]
+    pub coarse_bits: u32,
     /// Seed of the random-load subset.
     #[arg(long, default_value_t = CLI.plan_seed)]
     pub plan_seed: u64,
@@ -195,6 +200,7 @@ impl ModelArgs {
             "dense_layers" => m.dense_layers = list(text)?,
             "layer_drop" => m.layer_drop = list(text)?,
             "coarse_ratio" => m.coarse_ratio = parse(text)?,
+            "coarse_bits" => m.coarse_bits = parse(text)?,
             other => anyhow::bail!("no flag --{}", other.replace('_', "-")),
         }
         Ok(())
@@ -226,6 +232,7 @@ impl ModelArgs {
                 gate_keep: m.gate_keep,
                 layer_drop: m.layer_drop.clone(),
                 coarse_ratio: m.coarse_ratio,
+                coarse_bits: m.coarse_bits,
             },
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,

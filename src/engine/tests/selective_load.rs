@@ -23,6 +23,7 @@ fn plan(load_ratio: f64) -> LoadPlan {
         gate_keep: 1.0,
         layer_drop: Vec::new(),
         coarse_ratio: 0.0,
+        coarse_bits: 4,
     };
     LoadPlan::from_ranking(&ranking, &params).unwrap()
 }
@@ -141,6 +142,7 @@ mod compute {
             gate_keep: 1.0,
             layer_drop: Vec::new(),
             coarse_ratio: 0.0,
+            coarse_bits: 4,
         };
         let ranking =
             common::repo_root().join("rankings/smollm2-135m-instruct.ranking.safetensors");

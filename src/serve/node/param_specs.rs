@@ -170,6 +170,12 @@ pub const PARAMETERS: &[Spec] = &[
         Values::Float(0.0, 1.0),
     ),
     shared(
+        "coarse_bits",
+        "4 | 3: bits of the coarse tier's gate and up rows (4: the checkpoint's blocks as they are; 3: requantized to Q3_0 at load, ~21 % fewer bytes a tier neuron on Qwen, at some fidelity) (load-time)",
+        false,
+        Values::Int(3, 4),
+    ),
+    shared(
         "layer_drop",
         "per layer, its share of the neurons phi leaves out (one weight per layer; lab/scripts/layer_scan.sh calibrates them); [] = even (load-time)",
         false,

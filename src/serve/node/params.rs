@@ -281,6 +281,10 @@ impl NodeParams {
             }
             "gate_keep" => e.params.gate_keep = float(name, v)?,
             "coarse_ratio" => e.params.coarse_ratio = float(name, v)?,
+            "coarse_bits" => {
+                e.params.coarse_bits =
+                    u32::try_from(int(name, v)?).context("parameter coarse_bits")?
+            }
             "layer_drop" => {
                 e.params.layer_drop = match v {
                     ParameterValue::DoubleArray(a) => a.clone(),
@@ -381,6 +385,7 @@ impl NodeParams {
             "score" => ParameterValue::String(e.params.score.name().into()),
             "gate_keep" => ParameterValue::Double(e.params.gate_keep),
             "coarse_ratio" => ParameterValue::Double(e.params.coarse_ratio),
+            "coarse_bits" => ParameterValue::Integer(e.params.coarse_bits as i64),
             "layer_drop" => ParameterValue::DoubleArray(e.params.layer_drop.clone()),
             "vocab" => ParameterValue::String(e.vocab.name().into()),
             "head_screen" => ParameterValue::Integer(e.head_screen as i64),
@@ -434,7 +439,7 @@ impl NodeParams {
         format!(
             "model {} in {} ({preset}; {:?}, {}), mode {}, task {}, γ={} δ={} φ={} α={}, score {}, \
              gate_keep {}, vocab {}, head_screen {} ({}-bit{}), dense layers {:?}, layer_drop {layer_drop}, \
-             coarse_ratio {}, queue_depth {}",
+             coarse_ratio {} ({}-bit), queue_depth {}",
             self.model,
             e.model.display(),
             e.dtype,
@@ -453,6 +458,7 @@ impl NodeParams {
             if e.head_in_file { ", head in file" } else { "" },
             p.dense_layers,
             p.coarse_ratio,
+            p.coarse_bits,
             self.queue_depth
         )
     }
