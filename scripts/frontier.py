@@ -54,9 +54,10 @@ Q4 = ["--no-preset", "--dtype", "q4"]
 HEAD = ["--vocab", "latin", "--head-screen", "256", "--head-screen-bits", "2", "--head-in-file"]
 
 
-def load_only(gamma, coarse=0):
+def load_only(gamma, coarse=0, bits=4):
     flags = Q4 + HEAD + ["--mode", "load-only", "--load-ratio", str(gamma)]
-    return flags + (["--coarse-ratio", str(coarse)] if coarse else [])
+    flags += ["--coarse-ratio", str(coarse)] if coarse else []
+    return flags + (["--coarse-bits", str(bits)] if bits != 4 else [])
 
 
 # Prefill in chunks of 128 tokens: a 448-token prompt's MLP temporaries are
@@ -76,6 +77,10 @@ CONFIGS = [
     (LARGE, "load-only γ0.6, head in file", load_only(0.6), True),
     (LARGE, "load-only γ0.7 coarse, head in file, chunk 128", load_only(0.7, 1) + CHUNK, True),
     (LARGE, "load-only γ0.6 coarse, head in file, chunk 128", load_only(0.6, 1) + CHUNK, True),
+    (LARGE, "load-only γ0.75 coarse 3-bit, head in file, chunk 128",
+     load_only(0.75, 1, 3) + CHUNK, True),
+    (LARGE, "load-only γ0.8 coarse 3-bit, head in file, chunk 128",
+     load_only(0.8, 1, 3) + CHUNK, True),
     (LARGE, "all coarse, head in file", load_only(1, 1), False),
 ]
 TASKS = {

@@ -5,8 +5,9 @@
 
 use super::common;
 use super::quantized::{cases, compare, load, logits, smollm2};
+use crate::model::ffn_tier::{self, CoarseFfn, FORMAT};
 use crate::model::qfile::{self, QFile};
-use crate::model::{FfnRows, LoadOptions, Model};
+use crate::model::{FfnRows, LoadOptions, Mlp, Model};
 use crate::sys::device::Quant;
 use candle_core::{Device, Tensor};
 
@@ -78,88 +79,48 @@ fn a_model_all_in_the_coarse_tier_stays_near_q4() {
     );
 }
 
-/// One layer's tier with 3-bit gate and up rows against the same neurons
-/// held exactly: its gate and up activations bit for bit those of the
-/// file's rows requantized by `quantize_q3_0` (each weight within a step
-/// of the file's), the tier's
-/// output within the rounding of 3-bit rows, and decode's fused kernel as
-/// prefill's products.
-#[test]
-fn a_three_bit_tier_requantizes_gate_and_up_rows() {
-    use crate::kernels::blocks::{quantize_q3_0, QFormat};
-    use crate::kernels::quant;
-    use crate::model::bundles::Bundles;
-    use crate::model::ffn_tier::{self, CoarseFfn, FORMAT};
-    let dir = smollm2();
-    let file = QFile::open(&dir.join(qfile::file_name("q4"))).unwrap();
-    let (layer, ids): (usize, Vec<u32>) = (5, (100..356).collect());
-    let h = 576;
-    let exact = crate::model::Mlp::from_bundles(
-        file.bundles(layer, Some(&ids)).unwrap(),
-        Some(ids.clone()),
-    )
-    .unwrap();
-    let coarse = CoarseFfn::load(&file, layer, &ids, 3).unwrap();
-    let (mlp, scale) = coarse.parts();
-    let q3 = QFormat::Q3_0.row_bytes(h);
-    assert_eq!(
-        mlp.weight_bytes(),
-        ids.len() * (2 * q3 + FORMAT.row_bytes(h))
-    );
-    // The file's rows requantized, with zero down rows: gate and up
-    // activations bit for bit the tier's.
-    let (l, raw) = file.raw_bundles(layer, Some(&ids)).unwrap();
-    let layout = ffn_tier::layout(&l, 3).unwrap();
-    let mut bytes = vec![0u8; ids.len() * layout.bundle_bytes()];
-    let mut w = vec![0f32; h];
-    for (b, o) in raw
-        .chunks_exact(l.bundle_bytes())
-        .zip(bytes.chunks_exact_mut(layout.bundle_bytes()))
-    {
-        let (g, u, _) = l.split(b);
-        for (k, (format, row)) in [(l.gate, g), (l.up, u)].into_iter().enumerate() {
-            quant::dequantize_row(format, row, &mut w);
-            quantize_q3_0(&w, &[], &mut o[k * q3..(k + 1) * q3]);
-            let mut back = vec![0f32; h];
-            quant::dequantize_row(QFormat::Q3_0, &o[k * q3..(k + 1) * q3], &mut back);
-            let step = w.iter().fold(0f32, |m, v| m.max(v.abs())) / 2.2;
-            assert!(w.iter().zip(&back).all(|(a, b)| (a - b).abs() <= step));
-        }
-    }
-    let rebuilt = crate::model::Mlp::from_bundles(
-        Bundles::new_in(layout, bytes, true).unwrap(),
-        Some(ids.clone()),
-    )
-    .unwrap();
-    assert!(scale.iter().all(|s| s.is_finite() && *s > 0.0));
-    let x: Vec<f32> = (0..4 * h)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % h == 17 { 8.0 } else { 1.0 })
+const LAYER: usize = 5;
+const H: usize = 576;
+
+/// SmolLM2's q4 file, neurons 100..356 of layer [`LAYER`], and those
+/// neurons as the file holds them.
+fn layer_case() -> (QFile, Vec<u32>, Mlp) {
+    let file = QFile::open(&smollm2().join(qfile::file_name("q4"))).unwrap();
+    let ids: Vec<u32> = (100..356).collect();
+    let bundles = file.bundles(LAYER, Some(&ids)).unwrap();
+    let exact = Mlp::from_bundles(bundles, Some(ids.clone())).unwrap();
+    (file, ids, exact)
+}
+
+/// Four input rows, channel 17 eight times the others (an outlier).
+fn inputs() -> Tensor {
+    let x: Vec<f32> = (0..4 * H)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % H == 17 { 8.0 } else { 1.0 })
         .collect();
-    let xt = Tensor::from_slice(&x, (4, h), &Device::Cpu).unwrap();
-    let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert_eq!(
-        flat(&rebuilt.activations(&xt).unwrap()),
-        flat(&mlp.activations(&xt).unwrap()),
-        "gate/up activations"
-    );
-    let a = exact.activations(&xt).unwrap();
+    Tensor::from_vec(x, (4, H), &Device::Cpu).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
+}
+
+/// The tier's output for `x` against the exact neurons', relative to its
+/// norm, after checking that decode's fused kernel gives prefill's
+/// products row by row.
+fn output_error(exact: &Mlp, coarse: &CoarseFfn, x: &Tensor) -> f32 {
+    let a = exact.activations(x).unwrap();
     let (want, got) = (
         flat(&exact.down(&a).unwrap()),
-        flat(&coarse.forward(&xt).unwrap()),
+        flat(&coarse.forward(x).unwrap()),
     );
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let diff: Vec<f32> = want.iter().zip(&got).map(|(w, g)| w - g).collect();
-    let rel = norm(&diff) / norm(&want);
-    eprintln!("3-bit tier: output off by {rel:.4} of its norm");
-    // Measured 0.266 (AVX-512 VNNI, 2026-12-07; 4-bit gate/up: 0.088).
-    assert!(
-        rel < 0.33,
-        "the 3-bit tier's output is off by {rel} of its norm"
-    );
-    for (t, row) in x.chunks_exact(h).enumerate() {
-        let mut y = vec![0f32; h];
+    for (t, row) in flat(x).chunks_exact(H).enumerate() {
+        let mut y = vec![0f32; H];
         coarse.add_row(row, &mut y).unwrap();
-        let p = &got[t * h..(t + 1) * h];
+        let p = &got[t * H..(t + 1) * H];
         let d: Vec<f32> = y.iter().zip(p).map(|(a, b)| a - b).collect();
         assert!(
             norm(&d) <= 0.02 * norm(p),
@@ -167,6 +128,8 @@ fn a_three_bit_tier_requantizes_gate_and_up_rows() {
             norm(&d)
         );
     }
+    let diff: Vec<f32> = want.iter().zip(&got).map(|(w, g)| w - g).collect();
+    norm(&diff) / norm(&want)
 }
 
 /// The coarse tier of 256 real SmolLM2 neurons against the same neurons
@@ -175,58 +138,81 @@ fn a_three_bit_tier_requantizes_gate_and_up_rows() {
 /// down rows, and decode's fused kernel as prefill's products.
 #[test]
 fn a_coarse_tier_keeps_gate_and_up_exact_and_rounds_only_down_rows() {
-    use crate::model::ffn_tier::{CoarseFfn, FORMAT};
-    let dir = smollm2();
-    let file = QFile::open(&dir.join(qfile::file_name("q4"))).unwrap();
-    let (layer, ids): (usize, Vec<u32>) = (5, (100..356).collect());
-    let exact = crate::model::Mlp::from_bundles(
-        file.bundles(layer, Some(&ids)).unwrap(),
-        Some(ids.clone()),
-    )
-    .unwrap();
-    let coarse = CoarseFfn::load(&file, layer, &ids, 4).unwrap();
+    let (file, ids, exact) = layer_case();
+    let coarse = CoarseFfn::load(&file, LAYER, &ids, 4).unwrap();
     let (mlp, scale) = coarse.parts();
     assert_eq!(
         mlp.weight_bytes(),
-        ids.len() * (2 * 360 + FORMAT.row_bytes(576))
+        ids.len() * (2 * 360 + FORMAT.row_bytes(H))
     );
     assert!(scale.iter().all(|s| s.is_finite() && *s > 0.0));
-    let h = 576;
-    let x: Vec<f32> = (0..4 * h)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % h == 17 { 8.0 } else { 1.0 })
-        .collect();
-    let xt = Tensor::from_slice(&x, (4, h), &Device::Cpu).unwrap();
-    let a = exact.activations(&xt).unwrap();
-    let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let x = inputs();
     assert_eq!(
-        flat(&a),
-        flat(&mlp.activations(&xt).unwrap()),
+        flat(&exact.activations(&x).unwrap()),
+        flat(&mlp.activations(&x).unwrap()),
         "gate/up activations"
     );
-    let (want, got) = (
-        flat(&exact.down(&a).unwrap()),
-        flat(&coarse.forward(&xt).unwrap()),
-    );
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let diff: Vec<f32> = want.iter().zip(&got).map(|(w, g)| w - g).collect();
-    let rel = norm(&diff) / norm(&want);
+    let rel = output_error(&exact, &coarse, &x);
     eprintln!("coarse tier: output off by {rel:.4} of its norm");
     // Measured 0.088 (AVX-512 VNNI, 2026-12-07).
     assert!(
         rel < 0.12,
         "the coarse tier's output is off by {rel} of its norm"
     );
-    for (t, row) in x.chunks_exact(h).enumerate() {
-        let mut y = vec![0f32; h];
-        coarse.add_row(row, &mut y).unwrap();
-        let p = &got[t * h..(t + 1) * h];
-        let d: Vec<f32> = y.iter().zip(p).map(|(a, b)| a - b).collect();
-        assert!(
-            norm(&d) <= 0.02 * norm(p),
-            "row {t}: decode and prefill differ by {}",
-            norm(&d)
-        );
+}
+
+/// The same neurons in a tier with 3-bit gate and up rows: its gate and up
+/// activations bit for bit those of the file's rows requantized by
+/// `quantize_q3_0` (each weight within a step of the file's), its output
+/// within the rounding of 3-bit rows, decode's kernel as prefill's.
+#[test]
+fn a_three_bit_tier_requantizes_gate_and_up_rows() {
+    use crate::kernels::blocks::{quantize_q3_0, QFormat};
+    use crate::kernels::quant;
+    use crate::model::bundles::Bundles;
+    let (file, ids, exact) = layer_case();
+    let coarse = CoarseFfn::load(&file, LAYER, &ids, 3).unwrap();
+    let (mlp, scale) = coarse.parts();
+    let q3 = QFormat::Q3_0.row_bytes(H);
+    assert_eq!(
+        mlp.weight_bytes(),
+        ids.len() * (2 * q3 + FORMAT.row_bytes(H))
+    );
+    assert!(scale.iter().all(|s| s.is_finite() && *s > 0.0));
+    // The file's rows requantized, with zero down rows.
+    let (l, raw) = file.raw_bundles(LAYER, Some(&ids)).unwrap();
+    let layout = ffn_tier::layout(&l, 3).unwrap();
+    let mut bytes = vec![0u8; ids.len() * layout.bundle_bytes()];
+    let (mut w, mut back) = (vec![0f32; H], vec![0f32; H]);
+    for (b, o) in raw
+        .chunks_exact(l.bundle_bytes())
+        .zip(bytes.chunks_exact_mut(layout.bundle_bytes()))
+    {
+        let (g, u, _) = l.split(b);
+        for (k, (format, row)) in [(l.gate, g), (l.up, u)].into_iter().enumerate() {
+            let o = &mut o[k * q3..(k + 1) * q3];
+            quant::dequantize_row(format, row, &mut w);
+            quantize_q3_0(&w, &[], o);
+            quant::dequantize_row(QFormat::Q3_0, o, &mut back);
+            let step = w.iter().fold(0f32, |m, v| m.max(v.abs())) / 2.2;
+            assert!(w.iter().zip(&back).all(|(a, b)| (a - b).abs() <= step));
+        }
     }
+    let rebuilt =
+        Mlp::from_bundles(Bundles::new_in(layout, bytes, true).unwrap(), Some(ids)).unwrap();
+    let x = inputs();
+    assert_eq!(
+        flat(&rebuilt.activations(&x).unwrap()),
+        flat(&mlp.activations(&x).unwrap()),
+        "gate/up activations"
+    );
+    let rel = output_error(&exact, &coarse, &x);
+    eprintln!("3-bit tier: output off by {rel:.4} of its norm");
+    // Measured 0.266 (AVX-512 VNNI, 2026-12-07; 4-bit gate/up: 0.088).
+    assert!(
+        rel < 0.33,
+        "the 3-bit tier's output is off by {rel} of its norm"
+    );
 }
 
 /// A coarse tier that names a neuron held exactly too, one out of range,
