@@ -79,8 +79,8 @@ CONFIGS = [
     (LARGE, "load-only γ0.6 coarse, head in file, chunk 128", load_only(0.6, 1) + CHUNK, True),
     (LARGE, "load-only γ0.75 coarse 3-bit, head in file, chunk 128",
      load_only(0.75, 1, 3) + CHUNK, True),
-    (LARGE, "load-only γ0.8 coarse 3-bit, head in file, chunk 128",
-     load_only(0.8, 1, 3) + CHUNK, True),
+    (LARGE, "load-only γ0.7 coarse 3-bit, head in file, chunk 128",
+     load_only(0.7, 1, 3) + CHUNK, True),
     (LARGE, "all coarse, head in file", load_only(1, 1), False),
 ]
 TASKS = {

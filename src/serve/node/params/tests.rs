@@ -189,14 +189,8 @@ fn the_preset_lies_over_the_defaults_and_under_the_users_parameters() {
     assert_eq!(p.engine.dtype, defaults::NODE.dtype);
 }
 
-/// `config/selective-qwen0.5b.yaml`, laid over `node.yaml` as ROS
-/// merges parameter files (the later wins), gives parameters the node
-/// accepts for Qwen2.5-Coder-0.5B: one `layer_drop` weight per layer,
-/// averaging 1 over the sparse layers (φ's total kept).
-#[test]
-fn the_selective_overlay_is_valid_for_its_model() {
-    use crate::method::Mode;
-    use crate::sys::device::WeightDtype;
+/// The `ros__parameters` of `config/{file}`, as parameter values.
+fn config_values(file: &str) -> Vec<(String, ParameterValue)> {
     fn value(v: &serde_yaml::Value) -> ParameterValue {
         use serde_yaml::Value as Y;
         match v {
@@ -213,20 +207,39 @@ fn the_selective_overlay_is_valid_for_its_model() {
             other => panic!("no parameter form for {other:?}"),
         }
     }
+    let path = format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"));
+    let yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    (yaml["/**"]["ros__parameters"].as_mapping().unwrap().iter())
+        .map(|(k, v)| (k.as_str().unwrap().to_string(), value(v)))
+        .collect()
+}
+
+/// `node.yaml` with the overlay `config/{overlay}` laid over it as ROS
+/// merges parameter files (the later wins): the node's parameters, its
+/// model resolved.
+fn overlaid(overlay: &str) -> NodeParams {
     let mut given: Vec<(String, ParameterValue)> = Vec::new();
-    for file in ["node.yaml", "selective-qwen0.5b.yaml"] {
-        let path = format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"));
-        let yaml: serde_yaml::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        for (k, v) in yaml["/**"]["ros__parameters"].as_mapping().unwrap() {
-            let name = k.as_str().unwrap().to_string();
-            given.retain(|(n, _)| *n != name);
-            given.push((name, value(v)));
-        }
+    for (name, v) in config_values("node.yaml")
+        .into_iter()
+        .chain(config_values(overlay))
+    {
+        given.retain(|(n, _)| *n != name);
+        given.push((name, v));
     }
-    let p = ParamHandle::from_overrides(&given)
-        .unwrap_or_else(|e| panic!("{e:#}"))
-        .params;
+    ParamHandle::from_overrides(&given)
+        .unwrap_or_else(|e| panic!("{overlay}: {e:#}"))
+        .params
+}
+
+/// `config/selective-qwen0.5b.yaml` over `node.yaml` gives parameters the
+/// node accepts for Qwen2.5-Coder-0.5B: one `layer_drop` weight per
+/// layer, averaging 1 over the sparse layers (φ's total kept).
+#[test]
+fn the_selective_overlay_is_valid_for_its_model() {
+    use crate::method::Mode;
+    use crate::sys::device::WeightDtype;
+    let p = overlaid("selective-qwen0.5b.yaml");
     let e = &p.engine;
     assert_eq!((e.mode, e.dtype), (Mode::Coreinfer, WeightDtype::F16));
     let layers = Config::from_file(&e.model.join("config.json"))
@@ -240,6 +253,30 @@ fn the_selective_overlay_is_valid_for_its_model() {
         .collect();
     let mean = sparse.iter().sum::<f64>() / sparse.len() as f64;
     assert!((mean - 1.0).abs() < 1e-2, "mean weight {mean}");
+}
+
+/// `config/small-memory-qwen1.5b.yaml`: the frontier's configuration
+/// (docs/BENCHMARKS.md, "The memory frontier"), every key a node parameter
+/// in its range, the method's parameters valid. (Set on the defaults, not
+/// resolved: the 1.5B model is not prepared for the tests.)
+#[test]
+fn the_small_memory_overlay_is_the_frontiers_configuration() {
+    use crate::method::Mode;
+    use crate::sys::device::WeightDtype;
+    let mut p = NodeParams::default();
+    for (name, v) in config_values("small-memory-qwen1.5b.yaml") {
+        p.set(&name, &v).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+    let e = &p.engine;
+    assert_eq!((e.mode, e.dtype), (Mode::LoadOnly, WeightDtype::Q4));
+    let q = &e.params;
+    assert_eq!(
+        (q.load_ratio, q.coarse_ratio, q.coarse_bits),
+        (0.75, 1.0, 3)
+    );
+    assert!(e.head_in_file && e.head_screen == 256 && e.head_screen_bits.bits() == 2);
+    assert_eq!((e.prefill_chunk, e.max_context), (128, Some(512)));
+    e.effective_params().validate(usize::MAX).unwrap();
 }
 
 /// A value of `v`'s type other than `v`, for read-only checks.
