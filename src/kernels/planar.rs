@@ -210,6 +210,15 @@ pub(crate) fn to_blocks(format: QFormat, row: &[u8], out: &mut [u8]) {
     }
 }
 
+/// A planar row gathered back into whole blocks (the slow path for CPUs
+/// and formats without planar kernels; rows are made planar only where
+/// they run).
+pub(crate) fn gathered(format: QFormat, row: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; row.len()];
+    to_blocks(format, row, &mut out);
+    out
+}
+
 /// Makes every row of `rows` (whole rows of `cols` weights) planar in place.
 pub fn make_planar(format: QFormat, cols: usize, rows: &mut [u8]) {
     if fields(format).len() == 1 {

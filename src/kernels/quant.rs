@@ -158,7 +158,7 @@ pub(crate) fn dot_planar(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         // `x.len() / 32` blocks (checked by the callers).
         return unsafe { x86_vnni_planar::dot(format, row, x) };
     }
-    dot(format, &gathered(format, row), x)
+    dot(format, &planar::gathered(format, row), x)
 }
 
 /// `(r0 · x, r1 · x)` for two planar rows (a neuron's gate and up).
@@ -181,14 +181,6 @@ pub(crate) fn dot4_planar(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32;
         return unsafe { x86_vnni_planar::dot4(format, row, xs) };
     }
     xs.map(|x| dot_planar(format, row, x))
-}
-
-/// A planar row gathered back into whole blocks (the slow path for CPUs
-/// without planar kernels; rows are made planar only where they run).
-fn gathered(format: QFormat, row: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; row.len()];
-    planar::to_blocks(format, row, &mut out);
-    out
 }
 
 /// Smallest block of rows a decode thread takes at once (as the f16 kernels).

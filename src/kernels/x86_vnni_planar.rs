@@ -12,6 +12,7 @@
 //! are padded with zeros to whole groups).
 
 use super::blocks::{Q8Act, QFormat};
+use super::planar::gathered;
 use super::x86_quant::format_of;
 use std::arch::x86_64::*;
 
@@ -235,17 +236,9 @@ pub(crate) unsafe fn dot(format: QFormat, row: &[u8], x: &Q8Act) -> f32 {
         QFormat::Q4_1 => dots::<1, 1>([row], x),
         QFormat::Q5_0 => dots::<2, 1>([row], x),
         QFormat::Q8_0 => [super::x86_vnni::dot(format, row, x)],
-        QFormat::Q3_0 => [super::x86_vnni::dot(format, &whole(format, row), x)],
+        QFormat::Q3_0 => [super::x86_vnni::dot(format, &gathered(format, row), x)],
     };
     v
-}
-
-/// A planar row of a format without planar kernels (`Q3_0`, never made
-/// planar by the model) back in whole blocks, for the block kernels.
-fn whole(format: QFormat, row: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; row.len()];
-    super::planar::to_blocks(format, row, &mut out);
-    out
 }
 
 /// `(r0 · x, r1 · x)` for two planar rows of one format.
@@ -263,7 +256,7 @@ pub(crate) unsafe fn dot2(format: QFormat, r0: &[u8], r1: &[u8], x: &Q8Act) -> (
             [a, b]
         }
         QFormat::Q3_0 => {
-            let (r0, r1) = (whole(format, r0), whole(format, r1));
+            let (r0, r1) = (gathered(format, r0), gathered(format, r1));
             let (a, b) = super::x86_vnni::dot2(format, &r0, &r1, x);
             [a, b]
         }
@@ -301,6 +294,6 @@ pub(crate) unsafe fn dot4(format: QFormat, row: &[u8], xs: [&Q8Act; 4]) -> [f32;
         QFormat::Q4_1 => dot4_format::<1>(row, xs),
         QFormat::Q5_0 => dot4_format::<2>(row, xs),
         QFormat::Q8_0 => super::x86_vnni::dot4(format, row, xs),
-        QFormat::Q3_0 => super::x86_vnni::dot4(format, &whole(format, row), xs),
+        QFormat::Q3_0 => super::x86_vnni::dot4(format, &gathered(format, row), xs),
     }
 }
