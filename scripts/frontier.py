@@ -156,7 +156,8 @@ def run_config(args, model, label, flags, per_task):
     return {"model": model, "label": label, "args": flags, "per_task_ranking": per_task,
             "peak_rss_mib": bench["peak_rss_bytes"] / 2**20,
             "planned_peak_mib": bench["planned_peak_bytes"] / 2**20,
-            "decode_tokens_per_s": bench["decode_tokens_per_s"], "tasks": tasks}
+            "decode_tokens_per_s": bench["decode_tokens_per_s"],
+            "prefill_tokens_per_s": bench["prefill_tokens_per_s"], "tasks": tasks}
 
 
 # ---- metrics, as selectinfer eval computes them --------------------------
