@@ -3,7 +3,8 @@
 //! and up rows are the quantized checkpoint's blocks as they are
 //! (`coarse_bits` 4) or requantized at load to our 3-bit `Q3_0` (3: each
 //! block's step chosen for the least squared error,
-//! [`crate::kernels::blocks::quantize_q3_0`]); their down rows (a neuron's column of `down_proj`, which runs along the
+//! [`crate::kernels::blocks::quantize_q3_0`]); their down rows (a
+//! neuron's column of `down_proj`, which runs along the
 //! hidden size) are requantized at load from the file's `Q8_0` to
 //! [`FORMAT`] over per-channel scales: channel `h` of every down row of
 //! the tier is divided by its RMS over the tier's neurons before
