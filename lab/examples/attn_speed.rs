@@ -2,7 +2,7 @@
 //! shape (9 query heads, 3 kv heads, head_dim 64) for a few cache lengths.
 //! Run: cargo run --release -p selectinfer-lab --example attn_speed
 use candle_core::Layout;
-use selectinfer::kernels::decode_attention;
+use selectinfer::kernels::{decode_attention, KvRows};
 use std::time::Instant;
 
 fn main() {
@@ -24,7 +24,12 @@ fn main() {
         let mut times: Vec<f64> = (0..3000)
             .map(|_| {
                 let t = Instant::now();
-                let out = decode_attention(&q, (&k, &layout), (&v, &layout), heads);
+                let out = decode_attention(
+                    &q,
+                    KvRows::F32(&k, &layout),
+                    KvRows::F32(&v, &layout),
+                    heads,
+                );
                 std::hint::black_box(out.expect("consistent shapes"));
                 t.elapsed().as_secs_f64()
             })

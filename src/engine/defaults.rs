@@ -9,7 +9,7 @@ use crate::method::params::Score;
 use crate::method::vocab::VocabRule;
 use crate::method::{Mode, SelectionParams};
 use crate::model::head_screen::ScreenBits;
-use crate::model::{FfnRows, LoadOptions};
+use crate::model::{FfnRows, KvDtype, LoadOptions};
 use crate::sys::device::WeightDtype;
 use candle_core::Device;
 
@@ -68,6 +68,9 @@ pub struct Defaults {
     pub prefill_chunk: usize,
     /// Longest sequence served; `None`: the model's, at most 4096.
     pub max_context: Option<usize>,
+    /// How the KV cache holds keys and values (f32, or q8: a quarter of
+    /// the bytes).
+    pub kv_dtype: KvDtype,
     /// Resident memory (MiB) to fit in, choosing γ; `None`: γ as given.
     pub memory_budget_mb: Option<u64>,
     /// New tokens of a request that names no limit.
@@ -103,6 +106,7 @@ pub const CLI: Defaults = Defaults {
     plan_seed: 0,
     prefill_chunk: 512,
     max_context: None,
+    kv_dtype: KvDtype::F32,
     memory_budget_mb: None,
     max_new_tokens: 128,
     temperature: 0.0,
@@ -247,6 +251,7 @@ impl Default for LoadOptions {
             head_in_file: false,
             ffn_coarse: Vec::new(),
             coarse_bits: CLI.coarse_bits,
+            kv_dtype: CLI.kv_dtype,
         }
     }
 }

@@ -118,7 +118,7 @@ mod tests {
     fn cache(tokens: &[u32], snapshots: &[usize]) -> PrefixCache {
         PrefixCache {
             tokens: tokens.to_vec(),
-            cache: KvCache::new(2),
+            cache: KvCache::new(2, crate::model::KvDtype::F32),
             snapshots: snapshots
                 .iter()
                 .map(|&at| Snapshot {

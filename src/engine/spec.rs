@@ -11,7 +11,7 @@ use crate::method::vocab::VocabRule;
 use crate::method::{Method, Mode, SelectionParams};
 use crate::model::footprint::Footprint;
 use crate::model::head_screen::ScreenBits;
-use crate::model::LoadOptions;
+use crate::model::{KvDtype, LoadOptions};
 use crate::sys::device::{parse_device, WeightDtype};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -55,6 +55,10 @@ pub struct EngineSpec {
     /// at most 4096 (the KV cache a memory plan counts grows to it).
     #[serde(default)]
     pub max_context: Option<usize>,
+    /// How the KV cache holds keys and values (q8: a quarter of f32's
+    /// bytes; CPU only).
+    #[serde(default)]
+    pub kv_dtype: KvDtype,
     /// Resident memory (MiB) the process may use: the weights outside the
     /// FFN, the KV cache, prefill temporaries and the runtime are taken off
     /// it and γ is chosen to fit the rest ([`MemoryPlan`]); `None`: γ as given.
@@ -271,6 +275,7 @@ impl EngineSpec {
             max_context: self.max_context,
             head_in_file: self.head_in_file,
             coarse_bits: self.params.coarse_bits,
+            kv_dtype: self.kv_dtype,
             ..Default::default()
         })
     }
@@ -289,6 +294,7 @@ impl Defaults {
             plan_seed: self.plan_seed,
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
+            kv_dtype: self.kv_dtype,
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
             head_screen: self.head_screen,

@@ -1,26 +1,33 @@
 //! Decode attention: one query token over the KV cache, heads split over
 //! the decode threads.
 
+use super::blocks::{Q8Act, QFormat};
+use super::exp::exp;
+use super::kv_rows::KvRows;
 use super::portable;
+use super::quant;
 use super::spin_pool::{DisjointSlice, SpinPool};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
 use super::StridedRows;
-use candle_core::{Layout, Result};
+#[cfg(test)]
+use candle_core::Layout;
+use candle_core::Result;
 
 /// Attention of one query token over the cached keys/values: `q` of
-/// `heads × head_dim`; `k`, `v` the storage of `[1, kv_heads, T, head_dim]`
-/// tensors laid out by `kl`, `vl` (any strides with a contiguous last dim).
-/// Returns `heads × head_dim` values. Grouped-query: query head `h` uses kv
-/// head `h / (heads / kv_heads)`. Heads are split over the decode threads.
-pub fn decode_attention(
-    q: &[f32],
-    (k, kl): (&[f32], &Layout),
-    (v, vl): (&[f32], &Layout),
-    heads: usize,
-) -> Result<Vec<f32>> {
-    let (_, kv_heads, t, hd) = kl.shape().dims4()?;
-    if vl.shape() != kl.shape()
+/// `heads × head_dim`; `k`, `v` the cached rows ([`KvRows`]). Returns
+/// `heads × head_dim` values. Grouped-query: query head `h` uses kv head
+/// `h / (heads / kv_heads)`. Heads are split over the decode threads.
+/// Over `Q8_0` rows the query is quantized per block (as llama.cpp does
+/// over a q8_0 cache) and each row is read as it is stored.
+pub fn decode_attention(q: &[f32], k: KvRows, v: KvRows, heads: usize) -> Result<Vec<f32>> {
+    let (kv_heads, t, hd) = k.dims()?;
+    let same = matches!(
+        (k, v),
+        (KvRows::F32(..), KvRows::F32(..)) | (KvRows::Q8 { .. }, KvRows::Q8 { .. })
+    );
+    if v.dims()? != (kv_heads, t, hd)
+        || !same
         || q.len() != heads * hd
         || kv_heads == 0
         || !heads.is_multiple_of(kv_heads)
@@ -28,22 +35,15 @@ pub fn decode_attention(
         candle_core::bail!(
             "decode attention: inconsistent shapes q {} ({heads} heads) k {:?} v {:?}",
             q.len(),
-            kl.shape(),
-            vl.shape()
+            k.dims()?,
+            v.dims()?
         );
     }
-    if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
-        candle_core::bail!("decode attention: k/v rows must be contiguous");
+    if t == 0 {
+        candle_core::bail!("decode attention: no cached position");
     }
-    // Every row the heads read must lie inside the storage.
-    let last = |l: &Layout| {
-        l.start_offset() + (kv_heads - 1) * l.stride()[1] + (t - 1) * l.stride()[2] + hd
-    };
-    if t == 0 || last(kl) > k.len() || last(vl) > v.len() {
-        candle_core::bail!(
-            "decode attention: no cached position, or k/v views outside their storage"
-        );
-    }
+    k.check("decode attention")?;
+    v.check("decode attention")?;
     let group = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; heads * hd];
@@ -53,10 +53,15 @@ pub fn decode_attention(
         for h in block {
             let kvh = h / group;
             let qh = &q[h * hd..(h + 1) * hd];
-            let kr = (k, kl.start_offset() + kvh * kl.stride()[1], kl.stride()[2]);
-            let vr = (v, vl.start_offset() + kvh * vl.stride()[1], vl.stride()[2]);
             // SAFETY: each head is in exactly one block.
             let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
+            let (KvRows::F32(k, kl), KvRows::F32(v, vl)) = (k, v) else {
+                let (kr, vr) = (k.q8_rows(kvh, 0..t), v.q8_rows(kvh, 0..t));
+                attend_head_q8(qh, kr, vr, scale, &mut scores, o);
+                continue;
+            };
+            let kr = (k, kl.start_offset() + kvh * kl.stride()[1], kl.stride()[2]);
+            let vr = (v, vl.start_offset() + kvh * vl.stride()[1], vl.stride()[2]);
             #[cfg(target_arch = "x86_64")]
             if x86::available() && hd.is_multiple_of(8) {
                 // SAFETY: AVX2/FMA checked, `hd` a multiple of 8, rows
@@ -68,6 +73,29 @@ pub fn decode_attention(
         }
     });
     Ok(out)
+}
+
+/// One query head's attention over `Q8_0` key and value rows (`k`, `v`:
+/// one row of `q.len()` values a position): the scores from the query
+/// quantized per block, the output an axpy of each value row.
+fn attend_head_q8(q: &[f32], k: &[u8], v: &[u8], scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let rb = QFormat::Q8_0.row_bytes(q.len());
+    let qa = Q8Act::quantize(q);
+    let mut max = f32::NEG_INFINITY;
+    for (s, row) in scores.iter_mut().zip(k.chunks_exact(rb)) {
+        *s = quant::dot(QFormat::Q8_0, row, &qa) * scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = exp(*s - max);
+        sum += *s;
+    }
+    out.fill(0.0);
+    let inv = 1.0 / sum;
+    for (s, row) in scores.iter().zip(v.chunks_exact(rb)) {
+        quant::axpy(QFormat::Q8_0, s * inv, row, out);
+    }
 }
 
 /// Portable form of `x86::attend_head_f32`: one query head's attention.
@@ -120,7 +148,8 @@ mod tests {
                 data(kv_heads * cap * hd, 8),
                 data(heads * hd, 9),
             );
-            let out = decode_attention(&q, (&k, &layout), (&v, &layout), heads).unwrap();
+            let rows = |d| KvRows::F32(d, &layout);
+            let out = decode_attention(&q, rows(&k), rows(&v), heads).unwrap();
             for h in 0..heads {
                 let kvh = h / (heads / kv_heads);
                 let row = |m: &[f32], j: usize| m[(kvh * cap + j) * hd..][..hd].to_vec();
@@ -146,7 +175,68 @@ mod tests {
             // A view reaching outside the storage is refused, not read.
             let short = &k[..k.len() - 1];
             let wide = Layout::contiguous((1, kv_heads, cap, hd));
-            assert!(decode_attention(&q, (short, &wide), (&v, &wide), heads).is_err());
+            let rows = |d| KvRows::F32(d, &wide);
+            assert!(decode_attention(&q, rows(short), rows(&v), heads).is_err());
+        }
+    }
+
+    /// Over `Q8_0` rows: the attention of the query as quantized per block
+    /// over the values the rows hold, for head_dim 32 and 128, a cache
+    /// holding fewer positions than its capacity.
+    #[test]
+    fn decode_attention_over_q8_rows_matches_its_reference() {
+        use crate::kernels::test_data::plain_dequantize;
+        for hd in [32, 128] {
+            let (heads, kv_heads, cap, t) = (6, 2, 24, 19);
+            let (k, v, q) = (
+                data(kv_heads * cap * hd, 7),
+                data(kv_heads * cap * hd, 8),
+                data(heads * hd, 9),
+            );
+            let quantized = |x: &[f32]| {
+                let mut b = vec![0u8; kv_heads * cap * QFormat::Q8_0.row_bytes(hd)];
+                crate::kernels::store_q8(x, (kv_heads, cap, hd), (&mut b, cap), 0);
+                let held = plain_dequantize(QFormat::Q8_0, &b);
+                (b, held)
+            };
+            let ((kq, kd), (vq, vd)) = (quantized(&k), quantized(&v));
+            let q8 = |data| KvRows::Q8 {
+                data,
+                kv_heads,
+                capacity: cap,
+                len: t,
+                head_dim: hd,
+            };
+            let out = decode_attention(&q, q8(&kq), q8(&vq), heads).unwrap();
+            for h in 0..heads {
+                let kvh = h / (heads / kv_heads);
+                let qa = Q8Act::quantize(&q[h * hd..(h + 1) * hd]);
+                let qh: Vec<f32> = (0..hd).map(|i| qa.d[i / 32] * qa.q[i] as f32).collect();
+                let row = |m: &[f32], j: usize| m[(kvh * cap + j) * hd..][..hd].to_vec();
+                let scores: Vec<f64> = (0..t)
+                    .map(|j| {
+                        row(&kd, j)
+                            .iter()
+                            .zip(&qh)
+                            .map(|(a, b)| (a * b) as f64)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for c in 0..hd {
+                    let want: f64 = (0..t).map(|j| e[j] / sum * row(&vd, j)[c] as f64).sum();
+                    let got = out[h * hd + c] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "hd {hd} head {h} col {c}: {got} vs {want}"
+                    );
+                }
+            }
+            // Rows past the storage are refused.
+            assert!(decode_attention(&q, q8(&kq[..kq.len() - 1]), q8(&vq), heads).is_err());
         }
     }
 }

@@ -142,6 +142,20 @@ pub(crate) fn quantize_q3_0(w: &[f32], imp: &[f32], out: &mut [u8]) {
     }
 }
 
+/// `x` (a multiple of 32 long) as `Q8_0` blocks into `out` (34 bytes a
+/// block: the f16 scale `max|x| / 127`, then the nearest of 255 levels,
+/// ties to even), as ggml's `quantize_row_q8_0`.
+pub(crate) fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    debug_assert!(x.len().is_multiple_of(QK));
+    debug_assert_eq!(out.len(), QFormat::Q8_0.row_bytes(x.len()));
+    let mut q = [0i8; QK];
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(2 + QK)) {
+        let d = quantize_block(xb, &mut q);
+        ob[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        ob[2..].iter_mut().zip(q).for_each(|(o, q)| *o = q as u8);
+    }
+}
+
 /// The activations of one row quantized per block of 32: `q` (i8), the
 /// block's scale `d` and `s = d·Σq` (what the formats with an offset need);
 /// for the AVX-512 kernels (and only where they run) also `d8` (each `d`

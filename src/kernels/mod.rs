@@ -33,6 +33,7 @@ pub(crate) mod exp;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod gemm_q;
+mod kv_rows;
 pub mod matvec;
 mod mlp;
 mod norm;
@@ -68,6 +69,8 @@ mod x86_vnni_quads;
 
 pub use attention::decode_attention;
 pub(crate) use gather::{gather_rows, merge_rows, permute_rows_in_place};
+pub(crate) use kv_rows::store_q8;
+pub use kv_rows::KvRows;
 pub use matvec::{matvec, matvec_ids, WeightElem};
 pub use mlp::{gate_keep_mask, gated_neurons, swiglu_mlp, swiglu_mlp_gated, GATE_GROUP};
 pub(crate) use mlp::{group_keep, swiglu_mlp_weights};

@@ -10,32 +10,34 @@
 
 use super::exp::exp;
 use super::gemm::{self, Out, Rhs, View};
-use candle_core::{Layout, Result};
+use super::kv_rows::KvRows;
+use candle_core::Result;
 use std::cell::RefCell;
 
 /// Queries per task.
 const BLOCK: usize = 32;
 
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A task's scores, and its buffer for one kv head's dequantized rows.
+    static SCORES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Attention of `seq` queries at positions `pos..pos + seq` over the
 /// cached keys/values: `q` is `[heads, seq, head_dim]` (contiguous); `k`,
-/// `v` the storage of `[1, kv_heads, pos + seq, head_dim]` tensors laid out
-/// by `kl`, `vl` (any strides, contiguous last dim). Returns `[seq, heads ·
-/// head_dim]`. Grouped-query: head `h` reads kv head `h / (heads /
-/// kv_heads)`.
+/// `v` the cached rows of positions `..pos + seq` ([`KvRows`]; `Q8_0` rows
+/// are dequantized a head at a time into the task's buffer). Returns
+/// `[seq, heads · head_dim]`. Grouped-query: head `h` reads kv head `h /
+/// (heads / kv_heads)`.
 pub(crate) fn prefill_attention(
     q: &[f32],
-    (k, kl): (&[f32], &Layout),
-    (v, vl): (&[f32], &Layout),
+    k: KvRows,
+    v: KvRows,
     heads: usize,
     pos: usize,
 ) -> Result<Vec<f32>> {
     use rayon::prelude::*;
-    let (_, kv_heads, total, hd) = kl.shape().dims4()?;
-    if vl.shape() != kl.shape()
+    let (kv_heads, total, hd) = k.dims()?;
+    if v.dims()? != (kv_heads, total, hd)
         || kv_heads == 0
         || !heads.is_multiple_of(kv_heads)
         || total <= pos
@@ -44,19 +46,12 @@ pub(crate) fn prefill_attention(
         candle_core::bail!(
             "prefill attention: inconsistent shapes q {} ({heads} heads, from position {pos}) k {:?} v {:?}",
             q.len(),
-            kl.shape(),
-            vl.shape()
+            k.dims()?,
+            v.dims()?
         );
     }
-    if kl.stride()[3] != 1 || vl.stride()[3] != 1 {
-        candle_core::bail!("prefill attention: k/v rows must be contiguous");
-    }
-    let last = |l: &Layout| {
-        l.start_offset() + (kv_heads - 1) * l.stride()[1] + (total - 1) * l.stride()[2] + hd
-    };
-    if last(kl) > k.len() || last(vl) > v.len() {
-        candle_core::bail!("prefill attention: k/v views outside their storage");
-    }
+    k.check("prefill attention")?;
+    v.check("prefill attention")?;
     let (seq, group) = (total - pos, heads / kv_heads);
     let scale = 1.0 / (hd as f32).sqrt();
     let width = heads * hd;
@@ -68,12 +63,11 @@ pub(crate) fn prefill_attention(
             // Keys the block's last query sees.
             let keys = pos + i0 + rows;
             SCORES.with(|s| {
-                let s = &mut *s.borrow_mut();
+                let (s, buf) = &mut *s.borrow_mut();
                 s.clear();
                 s.resize(rows * keys, 0.0);
                 for h in 0..heads {
                     let g = h / group;
-                    let kv = |data, l| kv_rows(data, l, g, keys);
                     let qb = View::new(
                         &q[(h * seq + i0) * hd..(h * seq + i0 + rows) * hd],
                         rows,
@@ -85,7 +79,7 @@ pub(crate) fn prefill_attention(
                         col0: 0,
                         accumulate: false,
                     };
-                    gemm::matmul_serial(qb, kv(k, kl), Rhs::Transposed, scores);
+                    gemm::matmul_serial(qb, k.head(g, keys, buf), Rhs::Transposed, scores);
                     for (r, row) in s.chunks_exact_mut(keys).enumerate() {
                         softmax_causal(row, pos + i0 + r + 1, scale);
                     }
@@ -95,21 +89,12 @@ pub(crate) fn prefill_attention(
                         col0: h * hd,
                         accumulate: false,
                     };
-                    gemm::matmul_serial(View::new(s, rows, keys), kv(v, vl), Rhs::AsIs, out);
+                    let p = View::new(s, rows, keys);
+                    gemm::matmul_serial(p, v.head(g, keys, buf), Rhs::AsIs, out);
                 }
             });
         });
     Ok(y)
-}
-
-/// The first `keys` rows of kv head `g` in the storage `data` laid out by `l`.
-fn kv_rows<'a>(data: &'a [f32], l: &Layout, g: usize, keys: usize) -> View<'a> {
-    View {
-        data: &data[l.start_offset() + g * l.stride()[1]..],
-        rows: keys,
-        cols: l.dims()[3],
-        stride: l.stride()[2],
-    }
 }
 
 /// `row[..seen] = softmax(scale · row[..seen])`, `row[seen..] = 0`.
@@ -129,8 +114,9 @@ fn softmax_causal(row: &mut [f32], seen: usize, scale: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::blocks::QFormat;
     use crate::kernels::test_data::data;
-    use candle_core::Shape;
+    use candle_core::{Layout, Shape};
 
     /// Causal attention of each query over its keys, in f64.
     #[allow(clippy::too_many_arguments)]
@@ -179,8 +165,14 @@ mod tests {
     fn matches_a_reference_on_a_strided_cache_and_odd_shapes() {
         // A cache of capacity 96 (the views strided as the KV cache's),
         // queries after 0 or 13 cached positions, chunks not multiples of
-        // the block, grouped heads.
-        for (heads, kv, hd, pos, seq) in [(4, 2, 16, 0, 37), (6, 2, 8, 13, 70), (2, 1, 32, 5, 1)] {
+        // the block, grouped heads; as `Q8_0` rows where head_dim is whole
+        // blocks.
+        for (heads, kv, hd, pos, seq) in [
+            (4, 2, 16, 0, 37),
+            (6, 2, 8, 13, 70),
+            (2, 1, 32, 5, 1),
+            (4, 2, 64, 13, 70),
+        ] {
             let cap = 96;
             let k = data(kv * cap * hd, 3);
             let v = data(kv * cap * hd, 5);
@@ -189,23 +181,72 @@ mod tests {
             let l = Layout::contiguous(Shape::from((1, kv, cap, hd)))
                 .narrow(2, 0, total)
                 .unwrap();
-            let got = prefill_attention(&q, (&k, &l), (&v, &l), heads, pos).unwrap();
+            let rows = |d| KvRows::F32(d, &l);
+            let got = prefill_attention(&q, rows(&k), rows(&v), heads, pos).unwrap();
             let want = reference(&q, &k, &v, cap, heads, kv, hd, pos, seq);
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() < 1e-5,
-                    "heads {heads} pos {pos} seq {seq} at {i}: {a} vs {b}"
-                );
+            let close = |got: &[f32], want: &[f32], what: &str| {
+                for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "{what}: heads {heads} pos {pos} seq {seq} at {i}: {a} vs {b}"
+                    );
+                }
+            };
+            close(&got, &want, "f32 rows");
+            if hd % 32 != 0 {
+                continue;
             }
+            // The same keys and values as `Q8_0` rows: the attention over
+            // the values they hold.
+            let (kq, kd) = q8_rows(&k, (kv, cap, hd));
+            let (vq, vd) = q8_rows(&v, (kv, cap, hd));
+            let q8 = |data| KvRows::Q8 {
+                data,
+                kv_heads: kv,
+                capacity: cap,
+                len: total,
+                head_dim: hd,
+            };
+            let got = prefill_attention(&q, q8(&kq), q8(&vq), heads, pos).unwrap();
+            close(
+                &got,
+                &reference(&q, &kd, &vd, cap, heads, kv, hd, pos, seq),
+                "q8 rows",
+            );
         }
+    }
+
+    /// `[heads, cap, hd]` rows as `Q8_0` rows, and the values they hold.
+    pub(crate) fn q8_rows(
+        x: &[f32],
+        (heads, cap, hd): (usize, usize, usize),
+    ) -> (Vec<u8>, Vec<f32>) {
+        let mut q = vec![0u8; heads * cap * QFormat::Q8_0.row_bytes(hd)];
+        crate::kernels::store_q8(x, (heads, cap, hd), (&mut q, cap), 0);
+        let held = crate::kernels::test_data::plain_dequantize(QFormat::Q8_0, &q);
+        (q, held)
     }
 
     #[test]
     fn inconsistent_shapes_are_refused() {
         let l = Layout::contiguous(Shape::from((1, 2, 10, 8)));
         let (k, q) = (vec![0f32; 160], vec![0f32; 4 * 10 * 8]);
-        assert!(prefill_attention(&q, (&k, &l), (&k, &l), 3, 0).is_err());
-        assert!(prefill_attention(&q[1..], (&k, &l), (&k, &l), 4, 0).is_err());
-        assert!(prefill_attention(&q, (&k[..100], &l), (&k, &l), 4, 0).is_err());
+        let rows = |d| KvRows::F32(d, &l);
+        assert!(prefill_attention(&q, rows(&k), rows(&k), 3, 0).is_err());
+        assert!(prefill_attention(&q[1..], rows(&k), rows(&k), 4, 0).is_err());
+        assert!(prefill_attention(&q, rows(&k[..100]), rows(&k), 4, 0).is_err());
+        // `Q8_0` rows: a buffer short of the capacity, a head_dim not of whole blocks.
+        let q8 = |data, head_dim| KvRows::Q8 {
+            data,
+            kv_heads: 2,
+            capacity: 10,
+            len: 10,
+            head_dim,
+        };
+        let (k8, _) = q8_rows(&vec![0f32; 2 * 10 * 32], (2, 10, 32));
+        let q32 = vec![0f32; 4 * 10 * 32];
+        assert!(prefill_attention(&q32, q8(&k8, 32), q8(&k8, 32), 4, 0).is_ok());
+        assert!(prefill_attention(&q32, q8(&k8[1..], 32), q8(&k8, 32), 4, 0).is_err());
+        assert!(prefill_attention(&q, q8(&k8, 8), q8(&k8, 8), 4, 0).is_err());
     }
 }

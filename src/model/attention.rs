@@ -129,19 +129,17 @@ impl Attention {
         let q = rope.apply(&split(0, nh)?, pos)?;
         let k = rope.apply(&split(nh, nkv)?, pos)?;
         let v = split(nh + nkv, nkv)?.contiguous()?;
-        let (k, v) = cache.append(&k, &v)?;
         if x.device().is_cpu() && seq > 1 && b == 1 && k.dtype() == DType::F32 {
             // Blocked and causal, on plain buffers (`kernels::prefill_attention`).
             let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-            let y = crate::kernels::with_f32_layout(&k, |ks, kl| {
-                crate::kernels::with_f32_layout(&v, |vs, vl| {
-                    crate::kernels::prefill_attention(&q, (ks, kl), (vs, vl), nh, pos)
-                })
+            let y = cache.append_and(&k, &v, |k, v| {
+                crate::kernels::prefill_attention(&q, k, v, nh, pos)
             })?;
             return self
                 .o_proj
                 .forward(&Tensor::from_vec(y, (b, seq, nh * hd), x.device())?);
         }
+        let (k, v) = cache.append(&k, &v)?;
         let total = k.dim(2)?;
         // Grouped-query attention without repeating k/v: the `group` query
         // heads sharing one kv head become extra rows of one matmul.

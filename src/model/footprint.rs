@@ -4,7 +4,7 @@
 //! served and the largest prefill temporaries. A memory budget
 //! ([`crate::method::budget`]) plans how many neurons fit from these.
 
-use super::{qfile, safetensors_files, Config, LoadOptions, Model};
+use super::{qfile, safetensors_files, Config, KvDtype, LoadOptions, Model};
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -89,7 +89,7 @@ impl Footprint {
             neuron_bytes,
             coarse_neuron_bytes,
             width,
-            kv_cache: kv_cache_bytes(&cfg, context),
+            kv_cache: kv_cache_bytes(&cfg, context, opts.kv_dtype),
             activations: activation_bytes(&cfg, opts, context),
             context,
             coarse_activations: (4 * 3 * opts.prefill_chunk.min(context) * cfg.hidden_size) as u64,
@@ -109,11 +109,12 @@ impl Footprint {
     }
 }
 
-/// Keys and values (f32) of every layer at `context` positions, in the
-/// steps the cache grows by.
-fn kv_cache_bytes(cfg: &Config, context: usize) -> u64 {
+/// Keys and values of every layer at `context` positions, in the steps
+/// the cache grows by.
+fn kv_cache_bytes(cfg: &Config, context: usize, dtype: KvDtype) -> u64 {
     let capacity = context.div_ceil(super::kv_cache::GROW_BY) * super::kv_cache::GROW_BY;
-    (2 * cfg.num_hidden_layers * cfg.num_kv_heads() * cfg.head_dim() * capacity * 4) as u64
+    let row = dtype.row_bytes(cfg.head_dim());
+    (2 * cfg.num_hidden_layers * cfg.num_kv_heads() * capacity * row) as u64
 }
 
 /// The peak temporaries of one prefill chunk of `prefill_chunk` tokens,
@@ -124,7 +125,8 @@ fn kv_cache_bytes(cfg: &Config, context: usize) -> u64 {
 /// hidden size each), q/k/v, each thread's block of attention scores over
 /// the whole context ([`crate::kernels::prefill_attention`]: 32 queries at
 /// a time), the last position's logits twice, and a quantized layer's
-/// dequantized chunk. With the rest of the plan, 0.2-5.9 % above the peak
+/// dequantized chunk; with a `Q8_0` KV cache, each thread's one kv head of
+/// rows dequantized over the whole context. With the rest of the plan, 0.2-5.9 % above the peak
 /// a prompt filling a 2,048-token context measures, for SmolLM2 and both
 /// Qwen models, q4/f16/f32 (docs/BENCHMARKS.md, "The memory plan against
 /// the measured peak"; candle's whole score tensor, planned before, was
@@ -145,12 +147,17 @@ fn activation_bytes(cfg: &Config, opts: &LoadOptions, context: usize) -> u64 {
         * cfg.intermediate_size;
     let stream = 4 * c * h;
     let qkv = c * (heads + 2 * kv) * hd;
-    let scores = rayon::current_num_threads() * 32 * context;
+    let threads = rayon::current_num_threads();
+    let scores = threads * 32 * context;
+    let kv_rows = match opts.kv_dtype {
+        KvDtype::Q8 => threads * context * hd,
+        KvDtype::F32 => 0,
+    };
     let logits = 2 * cfg.vocab_size;
     // One reused f32 buffer of about 1 MiB (`linear::chunk_rows`).
     let dequantized = match opts.quant {
         Some(_) => 1 << 18,
         None => 0,
     };
-    4 * (mlp + stream + qkv + scores + logits + dequantized) as u64
+    4 * (mlp + stream + qkv + scores + kv_rows + logits + dequantized) as u64
 }

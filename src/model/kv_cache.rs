@@ -1,5 +1,7 @@
 //! The key/value cache of one sequence: per layer, `[1, kv_heads, capacity,
-//! head_dim]` buffers filled up to the cached length.
+//! head_dim]` buffers filled up to the cached length — f32 tensors, or
+//! with [`KvDtype::Q8`] rows of ggml's `Q8_0` blocks (8.5 bits a value,
+//! the attention kernels read them as they are: `kernels::KvRows`).
 //!
 //! Prefill (and every GPU step) appends tensors, as candle-nn's `KvCache`
 //! does. The CPU decode step instead writes its one new key row and value row
@@ -7,11 +9,38 @@
 //! tensors (two new ones, `slice_set`, two narrowed views) cost ~1% of a
 //! SmolLM2 decode step on the thread the helpers wait for.
 
+use crate::kernels::quant::{self, QFormat};
+use crate::kernels::KvRows;
 use anyhow::{bail, Result};
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
+use serde::{Deserialize, Serialize};
 
 /// Positions a layer's buffers grow by.
 pub(crate) const GROW_BY: usize = 256;
+
+/// How the cache holds keys and values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvDtype {
+    /// f32 (the weights' dtype on the tensor path).
+    #[default]
+    F32,
+    /// ggml's `Q8_0` blocks: 34 bytes a 32 values, a quarter of f32's
+    /// bytes; CPU only.
+    Q8,
+}
+
+crate::sys::named::impl_named!(KvDtype, "kv_dtype", { F32 => "f32", Q8 => "q8" });
+
+impl KvDtype {
+    /// Bytes of one cached row (one kv head's key or value at one position).
+    pub(crate) fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            Self::F32 => 4 * head_dim,
+            Self::Q8 => QFormat::Q8_0.row_bytes(head_dim),
+        }
+    }
+}
 
 /// Per-layer key/value cache of one sequence.
 #[derive(Debug, Clone)]
@@ -20,9 +49,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(num_layers: usize) -> Self {
+    pub(crate) fn new(num_layers: usize, dtype: KvDtype) -> Self {
+        let empty = LayerCache {
+            dtype,
+            ..Default::default()
+        };
         Self {
-            layers: vec![LayerCache::default(); num_layers],
+            layers: vec![empty; num_layers],
         }
     }
 
@@ -31,10 +64,9 @@ impl KvCache {
         self.layers.first().map_or(0, |c| c.len)
     }
 
-    /// Positions the buffers have room for (the first layer's keys).
+    /// Positions the buffers have room for (the first layer's).
     pub(crate) fn capacity(&self) -> usize {
-        let first = self.layers.first().and_then(|c| c.k.as_ref());
-        first.and_then(|k| k.dims4().ok()).map_or(0, |d| d.2)
+        self.layers.first().map_or(0, LayerCache::capacity)
     }
 
     /// A copy with buffers of its own (a clone shares them, and the next
@@ -49,8 +81,8 @@ impl KvCache {
                     Ok(LayerCache {
                         k: copy(&c.k)?,
                         v: copy(&c.v)?,
-                        len: c.len,
-                        room: c.room,
+                        q8: c.q8.clone(),
+                        ..*c
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -86,9 +118,12 @@ impl KvCache {
 
     /// Forgets every position (and frees the buffers).
     pub(crate) fn reset(&mut self) {
-        self.layers
-            .iter_mut()
-            .for_each(|c| *c = LayerCache::default());
+        self.layers.iter_mut().for_each(|c| {
+            *c = LayerCache {
+                dtype: c.dtype,
+                ..Default::default()
+            }
+        });
     }
 }
 
@@ -96,8 +131,12 @@ impl KvCache {
 /// positions `..len` are filled.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LayerCache {
+    /// [`KvDtype::F32`]'s buffers.
     k: Option<Tensor>,
     v: Option<Tensor>,
+    /// [`KvDtype::Q8`]'s.
+    q8: Option<Q8Buffers>,
+    dtype: KvDtype,
     len: usize,
     /// Positions the buffers are given when they first need to grow (see
     /// [`KvCache::reserve`]; 0: none reserved).
@@ -109,6 +148,9 @@ impl LayerCache {
     /// at least) when they are larger.
     fn shrink(&mut self) -> Result<()> {
         let keep = self.len.div_ceil(GROW_BY).max(1) * GROW_BY;
+        if let Some(q) = self.q8.as_mut().filter(|q| q.capacity > keep) {
+            q.resize(self.len, keep);
+        }
         for buffer in [&mut self.k, &mut self.v] {
             let Some(b) = buffer.as_ref() else { continue };
             let (batch, heads, capacity, head_dim) = b.dims4()?;
@@ -124,9 +166,35 @@ impl LayerCache {
         Ok(())
     }
 
+    /// Positions the buffers have room for.
+    fn capacity(&self) -> usize {
+        match (&self.k, &self.q8) {
+            (Some(k), _) => k.dims4().map_or(0, |d| d.2),
+            (None, Some(q)) => q.capacity,
+            (None, None) => 0,
+        }
+    }
+
     /// Appends `k` and `v` (`[1, kv_heads, seq, head_dim]`); returns all the
-    /// cached keys and values, `[1, kv_heads, len, head_dim]` views.
+    /// cached keys and values, `[1, kv_heads, len, head_dim]` (views of the
+    /// buffers; in [`KvDtype::Q8`] tensors dequantized from them, of `k`'s
+    /// dtype).
     pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        if self.dtype == KvDtype::Q8 {
+            self.store_q8(k, v)?;
+            let q = self.q8.as_ref().expect("stored");
+            let (heads, hd) = (q.heads, q.head_dim);
+            let (kr, vr) = q.rows(self.len);
+            let whole = |side: KvRows| -> Result<Tensor> {
+                let mut out = vec![0f32; heads * self.len * hd];
+                for (g, o) in out.chunks_exact_mut((self.len * hd).max(1)).enumerate() {
+                    quant::dequantize_row(QFormat::Q8_0, side.q8_rows(g, 0..self.len), o);
+                }
+                let t = Tensor::from_vec(out, (1, heads, self.len, hd), k.device())?;
+                Ok(t.to_dtype(k.dtype())?)
+            };
+            return Ok((whole(kr)?, whole(vr)?));
+        }
         let (b, heads, seq, head_dim) = k.dims4()?;
         let end = self.len + seq;
         let room = |buffer: &Option<Tensor>| {
@@ -146,17 +214,98 @@ impl LayerCache {
         Ok(views)
     }
 
+    /// Appends `k` and `v` (`[1, kv_heads, seq, head_dim]`, f32 on the CPU)
+    /// and runs `attend` on all the cached keys and values as they are
+    /// held (prefill on plain buffers).
+    pub(crate) fn append_and<R>(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+        attend: impl FnOnce(KvRows, KvRows) -> candle_core::Result<R>,
+    ) -> Result<R> {
+        if self.dtype == KvDtype::Q8 {
+            self.store_q8(k, v)?;
+            let (kr, vr) = self.q8.as_ref().expect("stored").rows(self.len);
+            return Ok(attend(kr, vr)?);
+        }
+        let (k, v) = self.append(k, v)?;
+        Ok(crate::kernels::with_f32_layout(&k, |ks, kl| {
+            crate::kernels::with_f32_layout(&v, |vs, vl| {
+                attend(KvRows::F32(ks, kl), KvRows::F32(vs, vl))
+            })
+        })?)
+    }
+
+    /// [`KvDtype::Q8`]: quantizes `k` and `v` (`[1, kv_heads, seq,
+    /// head_dim]`) into the buffers at positions `len..`, growing them.
+    fn store_q8(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (_, heads, seq, head_dim) = k.dims4()?;
+        if v.dims4()? != (1, heads, seq, head_dim) || !head_dim.is_multiple_of(32) {
+            bail!(
+                "kv cache: keys {:?} and values {:?} for q8 rows (one sequence, head_dim a multiple of 32)",
+                k.dims(),
+                v.dims()
+            );
+        }
+        let (len, end) = (self.len, self.len + seq);
+        let q = self.q8_room((heads, head_dim), end)?;
+        for (side, buffer) in [(k, &mut q.k), (v, &mut q.v)] {
+            let rows = side.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            crate::kernels::store_q8(&rows, (heads, seq, head_dim), (buffer, q.capacity), len);
+        }
+        self.len = end;
+        Ok(())
+    }
+
+    /// The `Q8_0` buffers, with room for `end` positions of `heads` rows of
+    /// `head_dim` (refused when they hold another shape).
+    fn q8_room(&mut self, (heads, head_dim): (usize, usize), end: usize) -> Result<&mut Q8Buffers> {
+        let q = self.q8.get_or_insert_with(|| Q8Buffers {
+            heads,
+            head_dim,
+            ..Default::default()
+        });
+        if (q.heads, q.head_dim) != (heads, head_dim) {
+            bail!(
+                "kv cache: q8 buffers of {}x{} given {heads} heads of {head_dim}",
+                q.heads,
+                q.head_dim
+            );
+        }
+        if end > q.capacity {
+            q.resize(self.len, target_capacity(end, self.room));
+        }
+        Ok(q)
+    }
+
     /// The CPU decode step: writes one position's key and value rows
-    /// (`[kv_heads * head_dim]` f32 each) into the buffers (f32, on the
-    /// CPU), then runs `attend` on all the cached keys and values in place,
-    /// as storage and `[1, kv_heads, len, head_dim]` layout.
+    /// (`[kv_heads * head_dim]` f32 each) into the buffers (f32 on the CPU,
+    /// or `Q8_0`), then runs `attend` on all the cached keys and values in
+    /// place.
     pub(crate) fn push_row_and<R>(
         &mut self,
         (k_row, v_row): (&[f32], &[f32]),
         (kv_heads, head_dim): (usize, usize),
-        attend: impl FnOnce((&[f32], &Layout), (&[f32], &Layout)) -> candle_core::Result<R>,
+        attend: impl FnOnce(KvRows, KvRows) -> candle_core::Result<R>,
     ) -> Result<R> {
         let end = self.len + 1;
+        if self.dtype == KvDtype::Q8 {
+            if k_row.len() != kv_heads * head_dim || v_row.len() != k_row.len() {
+                bail!(
+                    "kv cache: row of {} at position {} for {kv_heads} heads of {head_dim}",
+                    v_row.len().min(k_row.len()),
+                    self.len
+                );
+            }
+            let len = self.len;
+            let q = self.q8_room((kv_heads, head_dim), end)?;
+            let at = (q.capacity, len);
+            crate::kernels::store_q8(k_row, (kv_heads, 1, head_dim), (&mut q.k, at.0), at.1);
+            crate::kernels::store_q8(v_row, (kv_heads, 1, head_dim), (&mut q.v, at.0), at.1);
+            self.len = end;
+            let (kr, vr) = self.q8.as_ref().expect("stored").rows(end);
+            return Ok(attend(kr, vr)?);
+        }
         let room = |buffer: &Option<Tensor>| {
             grown(
                 buffer,
@@ -179,10 +328,62 @@ impl LayerCache {
         let (kb, vb) = (self.k.insert(kb), self.v.insert(vb));
         let result = crate::kernels::with_f32_layout(kb, |k, kl| {
             crate::kernels::with_f32_layout(vb, |v, vl| {
-                attend((k, &kl.narrow(2, 0, end)?), (v, &vl.narrow(2, 0, end)?))
+                attend(
+                    KvRows::F32(k, &kl.narrow(2, 0, end)?),
+                    KvRows::F32(v, &vl.narrow(2, 0, end)?),
+                )
             })
         })?;
         Ok(result)
+    }
+}
+
+/// [`KvDtype::Q8`]'s buffers: keys and values as `Q8_0` rows, kv head
+/// `g`'s position `j` at row `g * capacity + j`.
+#[derive(Debug, Clone, Default)]
+struct Q8Buffers {
+    k: Vec<u8>,
+    v: Vec<u8>,
+    heads: usize,
+    head_dim: usize,
+    capacity: usize,
+}
+
+impl Q8Buffers {
+    /// Reallocates to `capacity` positions a head, keeping the first `len`.
+    fn resize(&mut self, len: usize, capacity: usize) {
+        let rb = QFormat::Q8_0.row_bytes(self.head_dim);
+        let (old, heads) = (self.capacity, self.heads);
+        for buffer in [&mut self.k, &mut self.v] {
+            let mut next = vec![0u8; heads * capacity * rb];
+            for g in 0..heads {
+                let keep = len.min(capacity) * rb;
+                next[g * capacity * rb..][..keep].copy_from_slice(&buffer[g * old * rb..][..keep]);
+            }
+            *buffer = next;
+        }
+        self.capacity = capacity;
+    }
+
+    /// The keys and values of positions `..len`, as the kernels read them.
+    fn rows(&self, len: usize) -> (KvRows<'_>, KvRows<'_>) {
+        let side = |data| KvRows::Q8 {
+            data,
+            kv_heads: self.heads,
+            capacity: self.capacity,
+            len,
+            head_dim: self.head_dim,
+        };
+        (side(&self.k[..]), side(&self.v[..]))
+    }
+}
+
+/// Positions a buffer grows to for `end` in all: `reserved` when that
+/// holds them (see [`KvCache::reserve`]), else whole [`GROW_BY`] steps.
+fn target_capacity(end: usize, reserved: usize) -> usize {
+    match end <= reserved {
+        true => reserved,
+        false => end.div_ceil(GROW_BY) * GROW_BY,
     }
 }
 
@@ -213,11 +414,7 @@ fn grown(
     if let (Some(b), true) = (buffer, end <= capacity) {
         return Ok(b.clone());
     }
-    let target = match end <= reserved {
-        true => reserved,
-        false => end.div_ceil(GROW_BY) * GROW_BY,
-    };
-    let more = target - capacity;
+    let more = target_capacity(end, reserved) - capacity;
     let more = Tensor::zeros((batch, heads, more, head_dim), dtype, device)?;
     Ok(match buffer {
         Some(b) => Tensor::cat(&[b, &more], 2)?,
@@ -261,160 +458,4 @@ impl candle_core::InplaceOp1 for WriteRow<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Position `p`'s rows, `[1, heads, 1, head_dim]`, distinct values.
-    fn rows(p: usize, heads: usize, head_dim: usize, salt: f32) -> Vec<f32> {
-        (0..heads * head_dim)
-            .map(|i| p as f32 * 0.5 + i as f32 * 0.01 + salt)
-            .collect()
-    }
-
-    fn tensor(v: &[f32], heads: usize, seq: usize, head_dim: usize) -> Tensor {
-        Tensor::from_slice(v, (1, heads, seq, head_dim), &Device::Cpu).unwrap()
-    }
-
-    /// Reads a `[1, heads, len, head_dim]` view out of storage + layout.
-    fn gather(data: &[f32], l: &Layout) -> Vec<f32> {
-        let (_, heads, len, hd) = l.shape().dims4().unwrap();
-        let s = l.stride();
-        let mut out = Vec::new();
-        for h in 0..heads {
-            for p in 0..len {
-                let at = l.start_offset() + h * s[1] + p * s[2];
-                out.extend_from_slice(&data[at..at + hd]);
-            }
-        }
-        out
-    }
-
-    /// Rows written in place read back like tensors appended (as prefill
-    /// does), across a prefill/decode mix and past the buffers' growth.
-    #[test]
-    fn pushed_rows_read_back_like_appended_tensors() {
-        let (heads, hd) = (2, 8);
-        let (mut appended, mut pushed) = (LayerCache::default(), LayerCache::default());
-        // A 5-position prompt, appended to both.
-        let prompt_k: Vec<f32> = (0..heads * 5 * hd).map(|i| i as f32).collect();
-        let prompt_v: Vec<f32> = prompt_k.iter().map(|x| -x).collect();
-        for c in [&mut appended, &mut pushed] {
-            c.append(
-                &tensor(&prompt_k, heads, 5, hd),
-                &tensor(&prompt_v, heads, 5, hd),
-            )
-            .unwrap();
-        }
-        for p in 5..GROW_BY + 40 {
-            let (k, v) = (rows(p, heads, hd, 0.0), rows(p, heads, hd, 100.0));
-            let (want_k, want_v) = appended
-                .append(&tensor(&k, heads, 1, hd), &tensor(&v, heads, 1, hd))
-                .unwrap();
-            let (got_k, got_v) = pushed
-                .push_row_and((&k, &v), (heads, hd), |(k, kl), (v, vl)| {
-                    Ok((gather(k, kl), gather(v, vl)))
-                })
-                .unwrap();
-            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            assert_eq!(got_k, flat(&want_k), "keys at position {p}");
-            assert_eq!(got_v, flat(&want_v), "values at position {p}");
-        }
-        assert_eq!(pushed.len, GROW_BY + 40);
-    }
-
-    #[test]
-    fn a_row_of_the_wrong_size_is_refused_and_changes_nothing() {
-        let mut c = LayerCache::default();
-        let (k, v) = (vec![1f32; 16], vec![2f32; 16]);
-        c.push_row_and((&k, &v), (2, 8), |_, _| Ok(())).unwrap();
-        let short = vec![0f32; 15];
-        let err = c
-            .push_row_and((&k, &short), (2, 8), |_, _| Ok(()))
-            .unwrap_err();
-        assert!(format!("{err:#}").contains("row of 15"), "{err:#}");
-        assert_eq!(c.len, 1);
-        let err = c.push_row_and((&k, &v), (4, 4), |_, _| Ok(())).unwrap_err();
-        assert!(format!("{err:#}").contains("kv cache"), "{err:#}");
-        assert_eq!(c.len, 1);
-    }
-
-    /// After a long sequence, truncating to a short prefix gives the memory
-    /// back (buffers of one step) and keeps the prefix's rows; a buffer that
-    /// fits is left alone.
-    #[test]
-    fn truncating_after_a_long_sequence_shrinks_the_buffers_and_keeps_the_prefix() {
-        let (heads, hd) = (2, 4);
-        let mut cache = KvCache::new(1);
-        let n = 3 * GROW_BY + 7;
-        let k: Vec<f32> = (0..heads * n * hd).map(|i| i as f32).collect();
-        let v: Vec<f32> = k.iter().map(|x| x + 0.5).collect();
-        let (want_k, _) = cache.layers[0]
-            .append(&tensor(&k, heads, n, hd), &tensor(&v, heads, n, hd))
-            .unwrap();
-        assert_eq!(cache.capacity(), 4 * GROW_BY);
-        cache.truncate(10).unwrap();
-        assert_eq!((cache.len(), cache.capacity()), (10, GROW_BY));
-        let c = &cache.layers[0];
-        let kept = c.k.as_ref().unwrap().narrow(2, 0, 10).unwrap();
-        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(flat(&kept), flat(&want_k.narrow(2, 0, 10).unwrap()));
-        let kept_v = c.v.as_ref().unwrap().narrow(2, 0, 10).unwrap();
-        assert_eq!(
-            flat(&kept_v),
-            flat(&kept).iter().map(|x| x + 0.5).collect::<Vec<_>>()
-        );
-        // Two steps for 300 positions, truncated to 260: no reallocation.
-        let mut cache = KvCache::new(1);
-        let n = GROW_BY + 44;
-        let k: Vec<f32> = vec![1.0; heads * n * hd];
-        cache.layers[0]
-            .append(&tensor(&k, heads, n, hd), &tensor(&k, heads, n, hd))
-            .unwrap();
-        cache.truncate(GROW_BY + 4).unwrap();
-        assert_eq!(cache.capacity(), 2 * GROW_BY);
-        cache.truncate(5).unwrap();
-        assert_eq!(cache.capacity(), GROW_BY);
-    }
-
-    /// A reserved cache is allocated once, to exactly the reserved room, by
-    /// a prefill followed by decode steps; only positions past the room
-    /// grow it, by a step; the rows read back as written throughout.
-    #[test]
-    fn a_reserved_cache_is_allocated_once_to_its_room() {
-        let (heads, hd) = (2, 4);
-        let room = GROW_BY + 44;
-        let mut cache = KvCache::new(1);
-        cache.reserve(room);
-        let prompt: Vec<f32> = (0..heads * 7 * hd).map(|i| i as f32).collect();
-        cache.layers[0]
-            .append(
-                &tensor(&prompt, heads, 7, hd),
-                &tensor(&prompt, heads, 7, hd),
-            )
-            .unwrap();
-        assert_eq!(cache.capacity(), room);
-        let storage = |c: &KvCache| {
-            let k = c.layers[0].k.as_ref().unwrap();
-            let (s, _) = k.storage_and_layout();
-            match &*s {
-                candle_core::Storage::Cpu(CpuStorage::F32(d)) => d.as_ptr() as usize,
-                _ => unreachable!("f32 CPU buffers"),
-            }
-        };
-        let first = storage(&cache);
-        for p in 7..room {
-            let r = rows(p, heads, hd, 0.0);
-            let last = cache.layers[0]
-                .push_row_and((&r, &r), (heads, hd), |(k, kl), _| Ok(gather(k, kl)))
-                .unwrap();
-            assert_eq!(last[last.len() - hd..], r[r.len() - hd..], "position {p}");
-        }
-        assert_eq!((cache.len(), cache.capacity()), (room, room));
-        assert_eq!(storage(&cache), first, "the buffers were reallocated");
-        let r = rows(room, heads, hd, 0.0);
-        cache.layers[0]
-            .push_row_and((&r, &r), (heads, hd), |_, _| Ok(()))
-            .unwrap();
-        assert_eq!(cache.capacity(), 2 * GROW_BY);
-    }
-}
+mod tests;

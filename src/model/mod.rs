@@ -38,7 +38,7 @@ pub use checkpoint::{sha256_file, weights_sha256};
 pub use config::Config;
 pub(crate) use config::Family;
 pub use head_screen::{HeadScreen, ScreenBits};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvDtype};
 pub use linear::Linear;
 pub use lm_head::LmHead;
 pub(crate) use mlp::Mlp;
@@ -88,6 +88,7 @@ pub struct Model {
     dtype: DType,
     quant: Option<crate::sys::device::Quant>,
     prefill_chunk: usize,
+    kv_dtype: KvDtype,
     /// The lm_head rows computed ([`Model::set_output_vocab`]); `None`: all.
     vocab: Option<std::sync::Arc<vocab::OutputVocab>>,
     /// The lm_head's screen ([`Model::set_head_screen`]); `None`: every row exact.
@@ -223,6 +224,7 @@ impl Model {
             dtype: opts.dtype,
             quant: None,
             prefill_chunk: opts.prefill_chunk,
+            kv_dtype: opts.kv_dtype,
             vocab: None,
             screen: None,
         })
@@ -309,6 +311,7 @@ impl Model {
             dtype: DType::F32,
             quant: Some(q),
             prefill_chunk: opts.prefill_chunk,
+            kv_dtype: opts.kv_dtype,
             vocab: None,
             screen: None,
         })
@@ -396,7 +399,7 @@ impl Model {
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.blocks.len())
+        KvCache::new(self.blocks.len(), self.kv_dtype)
     }
 
     /// Bytes of weights read to decode one token: every block, the final

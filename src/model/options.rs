@@ -50,6 +50,8 @@ pub struct LoadOptions {
     /// Bits of the coarse tier's gate and up rows: 4 (the file's blocks)
     /// or 3 (`Q3_0`).
     pub coarse_bits: u32,
+    /// How the KV cache holds keys and values ([`super::KvDtype`]).
+    pub kv_dtype: super::KvDtype,
 }
 
 impl LoadOptions {
@@ -59,6 +61,15 @@ impl LoadOptions {
         cfg.validate()?;
         if self.prefill_chunk == 0 {
             bail!("prefill_chunk must be at least 1 token");
+        }
+        if self.kv_dtype == super::KvDtype::Q8 && !self.device.is_cpu() {
+            bail!("kv_dtype q8 is a CPU cache (the attention kernels read its rows); device {:?} takes kv_dtype f32", self.device);
+        }
+        if self.kv_dtype == super::KvDtype::Q8 && !cfg.head_dim().is_multiple_of(32) {
+            bail!(
+                "kv_dtype q8 stores rows in blocks of 32 values; this model's head_dim is {}",
+                cfg.head_dim()
+            );
         }
         if self.head_in_file && (cfg.tie_word_embeddings || self.quant.is_none()) {
             log::warn!(

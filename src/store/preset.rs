@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "layer_drop",
     "coarse_ratio",
     "coarse_bits",
+    "kv_dtype",
 ];
 
 /// A preset as read: its file and its `(key, value)` pairs in file order.

@@ -49,8 +49,9 @@ pub enum Candidate<'a> {
 /// `alpha`, `score`, `keep` (or the long names `load_ratio` … `gate_keep`),
 /// `vocab`, `screen` (`head_screen`: lm_head rows computed exactly behind
 /// its screen), `sbits` (`head_screen_bits`: 4 or 2), `infile`
-/// (`head_in_file`: true or false), `dense` (layers kept whole, `:`-separated) and `drop`
-/// (the per-layer weights of `layer_drop`, `:`-separated).
+/// (`head_in_file`: true or false), `dense` (layers kept whole, `:`-separated), `drop`
+/// (the per-layer weights of `layer_drop`, `:`-separated), `coarse`
+/// (`coarse_ratio`), `cbits` (`coarse_bits`) and `kv` (`kv_dtype`: f32 or q8).
 pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> {
     let mut s = spec.clone();
     for pair in candidate
@@ -105,8 +106,9 @@ pub fn candidate_spec(spec: &EngineSpec, candidate: &str) -> Result<EngineSpec> 
             "drop" | "layer_drop" => p.layer_drop = parse_list(value).with_context(named)?,
             "coarse" | "coarse_ratio" => p.coarse_ratio = ratio()?,
             "cbits" | "coarse_bits" => p.coarse_bits = value.parse().with_context(named)?,
+            "kv" | "kv_dtype" => s.kv_dtype = value.parse().with_context(named)?,
             _ => bail!(
-                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, infile, dense, drop, coarse, cbits)"
+                "candidate `{candidate}`: unknown key `{key}` (mode, dtype, gamma, delta, phi, alpha, score, keep, vocab, screen, sbits, infile, dense, drop, coarse, cbits, kv)"
             ),
         }
     }

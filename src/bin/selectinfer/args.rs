@@ -11,8 +11,8 @@ use selectinfer::engine::EngineSpec;
 use selectinfer::method::params::resolve_layers;
 use selectinfer::method::vocab::VocabRule;
 use selectinfer::method::{params::Score, Mode, SelectionParams};
-use selectinfer::model::Config;
 use selectinfer::model::ScreenBits;
+use selectinfer::model::{Config, KvDtype};
 use selectinfer::store::home::{self, Missing};
 use selectinfer::store::installed;
 use selectinfer::store::preset::Preset;
@@ -46,6 +46,10 @@ pub struct ModelArgs {
     /// Longest sequence served (prompt + generated); default the model's, at most 4096.
     #[arg(long)]
     pub max_context: Option<usize>,
+    /// How the KV cache holds keys and values: f32, or q8 (ggml's Q8_0
+    /// blocks, a quarter of the bytes; CPU).
+    #[arg(long, default_value_t = CLI.kv_dtype)]
+    pub kv_dtype: KvDtype,
     /// Resident memory (MiB) to fit in: γ is chosen so that weights, KV cache,
     /// temporaries and runtime stay within it (the plan is logged).
     #[arg(long)]
@@ -190,6 +194,7 @@ impl ModelArgs {
             "head_screen" => self.head_screen = parse(text)?,
             "head_screen_bits" => self.head_screen_bits = parse(text)?,
             "head_in_file" => self.head_in_file = parse(text)?,
+            "kv_dtype" => self.kv_dtype = parse(text)?,
             "mode" => m.mode = parse(text)?,
             "load_ratio" => m.load_ratio = parse(text)?,
             "static_ratio" => m.static_ratio = parse(text)?,
@@ -237,6 +242,7 @@ impl ModelArgs {
             plan_seed: m.plan_seed,
             prefill_chunk: self.prefill_chunk,
             max_context: self.max_context,
+            kv_dtype: self.kv_dtype,
             memory_budget_mb: self.memory_budget_mb,
             vocab: self.vocab,
             head_screen: self.head_screen,

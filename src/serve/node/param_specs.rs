@@ -6,6 +6,7 @@
 use crate::method::params::Score;
 use crate::method::vocab::VocabRule;
 use crate::method::Mode;
+use crate::model::KvDtype;
 use crate::sys::device::WeightDtype;
 use crate::sys::named::names;
 use anyhow::{bail, Result};
@@ -216,6 +217,12 @@ pub const PARAMETERS: &[Spec] = &[
         "longest sequence served (prompt + generated); 0 = the model's, at most 4096 (load-time)",
         false,
         Values::Int(0, TOKENS_MAX),
+    ),
+    shared(
+        "kv_dtype",
+        "f32 | q8: how the KV cache holds keys and values (q8: ggml's Q8_0 blocks, a quarter of f32's bytes, as llama.cpp's --cache-type-k q8_0; CPU; load-time)",
+        false,
+        Values::OneOf(names::<KvDtype>),
     ),
     shared(
         "memory_budget_mb",

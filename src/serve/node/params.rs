@@ -325,6 +325,10 @@ impl NodeParams {
             "device" => e.device = string(name, v)?,
             "prefill_chunk" => e.prefill_chunk = positive_usize(name, v)?,
             "max_context" => e.max_context = non_negative(name, v)?.map(|n| n as usize),
+            "kv_dtype" => {
+                let s = string(name, v)?;
+                e.kv_dtype = s.parse().context("parameter kv_dtype")?;
+            }
             "memory_budget_mb" => e.memory_budget_mb = non_negative(name, v)?,
             "max_new_tokens" => self.runtime.max_new_tokens = positive_usize(name, v)?,
             "temperature" => self.runtime.sampling.temperature = float(name, v)?,
@@ -397,6 +401,7 @@ impl NodeParams {
             "device" => ParameterValue::String(e.device.clone()),
             "prefill_chunk" => ParameterValue::Integer(e.prefill_chunk as i64),
             "max_context" => ParameterValue::Integer(e.max_context.unwrap_or(0) as i64),
+            "kv_dtype" => ParameterValue::String(e.kv_dtype.name().into()),
             "memory_budget_mb" => ParameterValue::Integer(e.memory_budget_mb.unwrap_or(0) as i64),
             "max_new_tokens" => ParameterValue::Integer(r.max_new_tokens as i64),
             "temperature" => ParameterValue::Double(r.sampling.temperature),
