@@ -28,10 +28,10 @@ fn main() -> anyhow::Result<()> {
     let (n, h) = w.dims2()?;
     let head = LmHead::Held(Linear::new(w, None)?);
     let t = Instant::now();
-    let s4 = HeadScreen::build(&head, k4, ScreenBits::Four)?;
+    let s4 = HeadScreen::build(&head, k4, ScreenBits::Four, None)?;
     let b4 = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let s2 = HeadScreen::build(&head, k2, ScreenBits::Two)?;
+    let s2 = HeadScreen::build(&head, k2, ScreenBits::Two, None)?;
     println!(
         "built in {b4:.1} s (4-bit) and {:.1} s (2-bit)",
         t.elapsed().as_secs_f64()

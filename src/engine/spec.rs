@@ -183,7 +183,7 @@ impl EngineSpec {
     pub fn load(&self) -> Result<Engine> {
         self.check_model_folder()?;
         let codec = TextCodec::from_model_dir(&self.model)?;
-        let (spec, plan) = self.planned()?;
+        let (spec, plan) = self.planned(&codec)?;
         let mut engine =
             Engine::load_with_codec(&spec.model, &spec.load_options()?, spec.method()?, codec)?;
         engine.memory_plan = plan;
@@ -194,15 +194,16 @@ impl EngineSpec {
 
     /// Under a memory budget: these settings with the γ the budget gives,
     /// and the plan (logged); without one, the settings as they are. The
-    /// process's resident memory now is the plan's runtime.
-    pub(crate) fn planned(&self) -> Result<(EngineSpec, Option<MemoryPlan>)> {
+    /// process's resident memory now is the plan's runtime (`codec`, the
+    /// model's tokenizer, loaded: it also gives the output vocabulary's rows).
+    pub(crate) fn planned(&self, codec: &TextCodec) -> Result<(EngineSpec, Option<MemoryPlan>)> {
         let Some(mb) = self.memory_budget_mb else {
             return Ok((self.clone(), None));
         };
         if mb == 0 {
             bail!("memory_budget_mb must be a positive number of MiB");
         }
-        let fp = self.footprint("memory_budget_mb")?;
+        let fp = self.footprint("memory_budget_mb", codec)?;
         let plan = MemoryPlan::new(
             mb << 20,
             &fp,
@@ -227,8 +228,8 @@ impl EngineSpec {
     /// its expected peak is the prediction for this configuration. The
     /// process's resident memory now is its runtime: call it with the
     /// tokenizer loaded, before the model.
-    pub(crate) fn predicted_plan(&self) -> Result<MemoryPlan> {
-        let fp = self.footprint("a memory plan")?;
+    pub(crate) fn predicted_plan(&self, codec: &TextCodec) -> Result<MemoryPlan> {
+        let fp = self.footprint("a memory plan", codec)?;
         Ok(MemoryPlan::predict(
             &fp,
             crate::sys::memory::rss_bytes(),
@@ -238,8 +239,9 @@ impl EngineSpec {
     }
 
     /// The CPU footprint these settings load, the lm_head's screen
-    /// included; `what` names the setting that asked, refused elsewhere.
-    fn footprint(&self, what: &str) -> Result<Footprint> {
+    /// included (a copy of the output vocabulary's rows, which `codec`
+    /// gives); `what` names the setting that asked, refused elsewhere.
+    fn footprint(&self, what: &str, codec: &TextCodec) -> Result<Footprint> {
         let opts = self.load_options()?;
         if !opts.device.is_cpu() {
             bail!(
@@ -251,8 +253,9 @@ impl EngineSpec {
         if self.head_screen > 0 {
             // The lm_head's screen is held beside every other weight.
             let cfg = crate::model::Config::from_file(&self.model.join("config.json"))?;
+            let (vocab, _) = super::vocab::vocabulary(codec, self.vocab, cfg.vocab_size)?;
             fp.other_weights += crate::model::head_screen::memory_bytes(
-                cfg.vocab_size,
+                vocab.map_or(cfg.vocab_size, |v| v.rows()),
                 cfg.hidden_size,
                 self.head_screen_bits,
             );

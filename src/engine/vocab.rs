@@ -4,6 +4,7 @@
 //! they serve.
 
 use super::generate::Engine;
+use super::text::TextCodec;
 use crate::method::vocab::VocabRule;
 use crate::model::head_screen::ScreenBits;
 use crate::model::vocab::OutputVocab;
@@ -13,18 +14,7 @@ impl Engine {
     /// Computes only the output tokens `rule` keeps from now on (the
     /// lm_head rows; [`crate::method::vocab`]).
     pub(crate) fn set_vocab(&mut self, rule: VocabRule) -> Result<()> {
-        let (vocab, keep) = match rule {
-            VocabRule::All => (None, None),
-            _ => {
-                let tok = self.codec.tokenizer();
-                let mut words = super::grammar::token_bytes(tok)
-                    .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
-                // The model's table may be padded past the tokenizer's ids.
-                words.resize(self.model.config().vocab_size, Vec::new());
-                let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
-                rule.vocabulary(&words, &added)?.unzip()
-            }
-        };
+        let (vocab, keep) = vocabulary(&self.codec, rule, self.model.config().vocab_size)?;
         match &vocab {
             Some(v) if v.rows() < v.vocab_size() => log::info!(
                 "vocab {rule}: {} of {} output tokens computed (rows 0..{} and {} more)",
@@ -39,6 +29,11 @@ impl Engine {
         self.set_output_vocab(vocab.filter(|v| v.rows() < v.vocab_size()))?;
         if self.vocab.is_some() {
             self.vocab_keep = keep.map(std::sync::Arc::new);
+        }
+        // A screen copies the vocabulary's rows only: build it anew.
+        if let Some(s) = &self.head_screen {
+            let (k, bits) = (s.k(), s.bits());
+            self.set_head_screen(k, bits)?;
         }
         Ok(())
     }
@@ -73,11 +68,16 @@ impl Engine {
         self.head_screen = match (k, self.head_screen.take()) {
             (0, _) => None,
             _ if !device.is_cpu() => None,
-            (k, Some(s)) if s.bits() == bits => Some(s.with_k(k, self.model.config().vocab_size)?),
+            (k, Some(s)) if s.bits() == bits && s.covers(self.vocab.as_deref()) => {
+                Some(s.with_k(k, self.model.config().vocab_size)?)
+            }
             (k, _) => {
-                let s = self.model.build_head_screen(k, bits)?;
+                let s = self
+                    .model
+                    .build_head_screen(k, bits, self.vocab.as_deref())?;
                 log::info!(
-                    "head_screen {k}: a {bits}-bit copy of the lm_head ({:.1} MB) ranks its rows, {k} computed exactly",
+                    "head_screen {k}: a {bits}-bit copy of the lm_head's {} rows ({:.1} MB) ranks them, {k} computed exactly",
+                    s.rows(),
                     s.bytes() as f64 / 1e6
                 );
                 Some(s)
@@ -115,4 +115,23 @@ impl Engine {
         let screen = self.head_screen.clone().filter(|_| !constrained);
         self.model.set_head_screen(screen)
     }
+}
+
+/// The output vocabulary `rule` keeps of a model's `vocab_size` rows
+/// (`None` for every row), and per token whether it is kept (the
+/// tokenizer's ids; the model's table may be padded past them).
+pub(crate) fn vocabulary(
+    codec: &TextCodec,
+    rule: VocabRule,
+    vocab_size: usize,
+) -> Result<(Option<OutputVocab>, Option<Vec<bool>>)> {
+    if rule == VocabRule::All {
+        return Ok((None, None));
+    }
+    let tok = codec.tokenizer();
+    let mut words = super::grammar::token_bytes(tok)
+        .with_context(|| format!("vocab {rule}: reading the tokens' bytes"))?;
+    words.resize(vocab_size, Vec::new());
+    let added: Vec<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
+    Ok(rule.vocabulary(&words, &added)?.unzip())
 }

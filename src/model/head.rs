@@ -21,12 +21,14 @@ impl Model {
         Ok(())
     }
 
-    /// A screen of this model's lm_head, its copy in `bits`, computing `k`
-    /// rows exactly ([`head_screen`]). CPU only.
+    /// A screen of this model's lm_head, its copy in `bits` of the rows of
+    /// `covered` (every row without one), computing `k` rows exactly
+    /// ([`head_screen`]). CPU only.
     pub(crate) fn build_head_screen(
         &self,
         k: usize,
         bits: head_screen::ScreenBits,
+        covered: Option<&vocab::OutputVocab>,
     ) -> Result<head_screen::HeadScreen> {
         if !self.device.is_cpu() {
             bail!(
@@ -34,7 +36,7 @@ impl Model {
                 self.device
             );
         }
-        head_screen::HeadScreen::build(&self.lm_head, k, bits)
+        head_screen::HeadScreen::build(&self.lm_head, k, bits, covered)
             .context("building the lm_head's screen")
     }
 

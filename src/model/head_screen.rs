@@ -13,6 +13,11 @@
 //! weight and one scale a row: half the bytes again; enough on Qwen2.5's
 //! 896-wide rows with `k` in the hundreds, far from it on SmolLM2's;
 //! docs/RESULTS.md).
+//!
+//! Built under an output vocabulary ([`OutputVocab`]), the copy holds
+//! that vocabulary's rows only (Qwen2.5's Latin rows: 104,148 of 151,936,
+//! 18 MB less in 2 bits); a step over every row (a prompt outside the
+//! vocabulary) then computes the rows outside it exactly.
 use super::linear::QMatrix;
 use super::lm_head::LmHead;
 use super::vocab::OutputVocab;
@@ -77,8 +82,11 @@ pub struct HeadScreen {
     /// Rows computed exactly per step.
     k: usize,
     /// The lm_head's rows, copied (shared by clones: the engine keeps the
-    /// screen it puts in force per request).
+    /// screen it puts in force per request): every row, or `covered`'s
+    /// (its prefix, then its extra rows).
     copy: Arc<RowCopy>,
+    /// The vocabulary whose rows the copy holds; `None`: every row.
+    covered: Option<Arc<OutputVocab>>,
 }
 
 /// The screen's copy of the lm_head's rows.
@@ -151,26 +159,52 @@ impl Ord for Score {
 
 impl HeadScreen {
     /// The screen of `head` (`[vocab, hidden]`, any dtype on the CPU), its
-    /// copy in `bits`, computing `k` rows exactly per step (1 ≤ k ≤ vocab).
-    pub fn build(head: &LmHead, k: usize, bits: ScreenBits) -> Result<Self> {
+    /// copy in `bits` of `covered`'s rows (every row without one),
+    /// computing `k` rows exactly per step (1 ≤ k ≤ vocab).
+    pub fn build(
+        head: &LmHead,
+        k: usize,
+        bits: ScreenBits,
+        covered: Option<&OutputVocab>,
+    ) -> Result<Self> {
         let (n, cols) = head.dims()?;
         check_k(k, n)?;
         if bits == ScreenBits::Four && !cols.is_multiple_of(crate::kernels::quant::QK) {
             bail!("head_screen: rows of {cols} are not whole 32-weight blocks");
         }
+        if let Some(v) = covered {
+            v.check_size(n)?;
+        }
+        // The head's rows the copy holds, as runs: the prefix, then runs
+        // of consecutive extra rows.
+        let runs = match covered {
+            None => std::iter::once(0..n).collect(),
+            Some(v) => row_runs(v),
+        };
+        let rows: usize = runs.iter().map(|r| r.len()).sum();
         let rb = bits.code_bytes(cols);
-        let mut data = vec![0u8; rb * n];
-        let mut scales = Vec::with_capacity(if bits == ScreenBits::Two { n } else { 0 });
-        let mut buf = vec![0f32; BUILD_ROWS.min(n) * cols];
-        for r0 in (0..n).step_by(BUILD_ROWS) {
-            let r1 = (r0 + BUILD_ROWS).min(n);
-            let f = &mut buf[..(r1 - r0) * cols];
-            head.dequantize_rows(r0..r1, f)
-                .with_context(|| format!("head_screen: reading rows {r0}..{r1} of the lm_head"))?;
-            let out = &mut data[r0 * rb..r1 * rb];
+        let mut data = vec![0u8; rb * rows];
+        let mut scales = Vec::with_capacity(if bits == ScreenBits::Two { rows } else { 0 });
+        let mut buf = vec![0f32; BUILD_ROWS.min(rows) * cols];
+        let mut at = 0;
+        let pieces = runs.iter().flat_map(|run| {
+            (run.start..run.end)
+                .step_by(BUILD_ROWS)
+                .map(move |r0| r0..(r0 + BUILD_ROWS).min(run.end))
+        });
+        for piece in pieces {
+            let f = &mut buf[..piece.len() * cols];
+            head.dequantize_rows(piece.clone(), f).with_context(|| {
+                format!(
+                    "head_screen: reading rows {}..{} of the lm_head",
+                    piece.start, piece.end
+                )
+            })?;
+            let out = &mut data[at * rb..(at + piece.len()) * rb];
+            at += piece.len();
             match bits {
                 ScreenBits::Four => {
-                    let t = Tensor::from_slice(f, (r1 - r0, cols), &Device::Cpu)?;
+                    let t = Tensor::from_slice(f, (piece.len(), cols), &Device::Cpu)?;
                     out.copy_from_slice(
                         &QTensor::quantize(&t, QFormat::Q4_0.ggml().context("q4_0 is ggml's")?)?
                             .data()?,
@@ -188,7 +222,9 @@ impl HeadScreen {
             }
         }
         let copy = match bits {
-            ScreenBits::Four => RowCopy::Four(QMatrix::new(cols, vec![(QFormat::Q4_0, n)], data)?),
+            ScreenBits::Four => {
+                RowCopy::Four(QMatrix::new(cols, vec![(QFormat::Q4_0, rows)], data)?)
+            }
             ScreenBits::Two => RowCopy::Two {
                 codes: data,
                 d: scales,
@@ -198,7 +234,19 @@ impl HeadScreen {
         Ok(Self {
             k,
             copy: Arc::new(copy),
+            covered: covered.map(|v| Arc::new(v.clone())),
         })
+    }
+
+    /// Whether the copy holds the rows of `vocab` (every row: `None`) and
+    /// no others.
+    pub(crate) fn covers(&self, vocab: Option<&OutputVocab>) -> bool {
+        self.covered.as_deref() == vocab
+    }
+
+    /// Rows the copy holds.
+    pub(crate) fn rows(&self) -> usize {
+        self.copy.rows()
     }
 
     /// The same screen computing `k` rows exactly (of `n`, the head's rows).
@@ -207,20 +255,26 @@ impl HeadScreen {
         Ok(Self { k, ..self })
     }
 
+    /// The rows of the head the screen stands for.
+    fn head_rows(&self) -> usize {
+        self.covered
+            .as_ref()
+            .map_or(self.copy.rows(), |v| v.vocab_size())
+    }
+
     /// Refuses a head this screen was not built for (by shape).
     pub(crate) fn check_head(&self, head: &LmHead) -> Result<()> {
         let (n, cols) = head.dims()?;
-        if (self.copy.rows(), self.copy.cols()) != (n, cols) {
+        if (self.head_rows(), self.copy.cols()) != (n, cols) {
             bail!(
                 "head_screen of [{}, {}] given an lm_head [{n}, {cols}]",
-                self.copy.rows(),
+                self.head_rows(),
                 self.copy.cols()
             );
         }
         Ok(())
     }
 
-    #[cfg(test)]
     /// Rows computed exactly per step.
     pub(crate) fn k(&self) -> usize {
         self.k
@@ -240,15 +294,24 @@ impl HeadScreen {
     }
 
     /// Bytes one step reads: the screen's rows of `vocab` (all without
-    /// one) and `k` of `head`'s rows.
+    /// one), `k` of `head`'s rows, and those outside a covered vocabulary
+    /// when the step is over every row.
     pub(crate) fn step_bytes(&self, head: &LmHead, vocab: Option<&OutputVocab>) -> usize {
-        let rows = vocab.map_or(self.copy.rows(), OutputVocab::rows);
-        self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k)
+        let rows = vocab
+            .map_or(self.head_rows(), OutputVocab::rows)
+            .min(self.copy.rows());
+        let outside = match (&self.covered, vocab) {
+            (Some(c), None) => c.vocab_size() - c.rows(),
+            _ => 0,
+        };
+        self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k + outside)
     }
 
     /// The logits of one normed row `x`: the screen's over the rows of
     /// `vocab` (every row without one; the others −∞), the `k` best of
-    /// them replaced by `head`'s exact logits (bias added).
+    /// them replaced by `head`'s exact logits (bias added). A screen of a
+    /// covered vocabulary takes that vocabulary or every row (those outside
+    /// it computed exactly).
     pub fn logits(
         &self,
         head: &LmHead,
@@ -256,19 +319,38 @@ impl HeadScreen {
         vocab: Option<&OutputVocab>,
     ) -> Result<Vec<f32>> {
         let (n, cols) = head.dims()?;
-        if x.len() != cols || self.copy.rows() != n {
+        if x.len() != cols || self.head_rows() != n {
             bail!(
                 "head_screen of {} rows over an lm_head [{n}, {cols}] given a row of {}",
-                self.copy.rows(),
+                self.head_rows(),
                 x.len()
             );
         }
         let mut y = vec![f32::NEG_INFINITY; n];
-        match vocab {
+        // The rows scored by the copy: a vocabulary's, with their rows in
+        // the copy (the extra rows follow a covered vocabulary's prefix).
+        let scored = match (&self.covered, vocab) {
+            (None, v) => v,
+            (Some(c), None) => Some(&**c),
+            (Some(c), Some(v)) if **c == *v => Some(v),
+            (Some(c), Some(v)) => bail!(
+                "head_screen holds the {} rows of one output vocabulary; a step asked for another of {} rows",
+                c.rows(),
+                v.rows()
+            ),
+        };
+        match scored {
             Some(v) => {
                 let mut ey = vec![0f32; v.extra().len()];
-                self.copy
-                    .scores(x, &mut y[..v.prefix()], v.extra(), &mut ey);
+                let in_copy: Vec<u32>;
+                let extra = match self.covered {
+                    Some(_) => {
+                        in_copy = (v.prefix()..v.rows()).map(|r| r as u32).collect();
+                        &in_copy[..]
+                    }
+                    None => v.extra(),
+                };
+                self.copy.scores(x, &mut y[..v.prefix()], extra, &mut ey);
                 for (&e, v) in v.extra().iter().zip(ey) {
                     y[e as usize] = v;
                 }
@@ -276,12 +358,33 @@ impl HeadScreen {
             None => self.copy.scores(x, &mut y, &[], &mut []),
         }
         head.add_bias_to(&mut y)?;
+        if let (Some(c), None) = (&self.covered, vocab) {
+            let outside: Vec<u32> = (0..n as u32).filter(|&t| !c.contains(t)).collect();
+            for (&id, exact) in outside.iter().zip(head.forward_row_ids(x, &outside)?) {
+                y[id as usize] = exact;
+            }
+        }
         let ids = top_k(&y, self.k);
         for (&id, exact) in ids.iter().zip(head.forward_row_ids(x, &ids)?) {
             y[id as usize] = exact;
         }
         Ok(y)
     }
+}
+
+/// The rows of `v` as runs of consecutive rows: its prefix, then its
+/// extra rows.
+fn row_runs(v: &OutputVocab) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<_> = std::iter::once(0..v.prefix()).collect();
+    for &e in v.extra() {
+        let e = e as usize;
+        match runs.last_mut() {
+            Some(r) if r.end == e => r.end += 1,
+            _ => runs.push(e..e + 1),
+        }
+    }
+    runs.retain(|r| !r.is_empty());
+    runs
 }
 
 /// Bytes a screen in `bits` of an lm_head `[rows, cols]` holds (its
@@ -341,9 +444,9 @@ mod tests {
         let head = head(n, cols);
         let x = data(cols, 7);
         let exact = head.forward_row(&x).unwrap();
-        let all = HeadScreen::build(&head, n, ScreenBits::Four).unwrap();
+        let all = HeadScreen::build(&head, n, ScreenBits::Four, None).unwrap();
         assert_eq!(all.logits(&head, &x, None).unwrap(), exact);
-        let screen = HeadScreen::build(&head, 8, ScreenBits::Four).unwrap();
+        let screen = HeadScreen::build(&head, 8, ScreenBits::Four, None).unwrap();
         let got = screen.logits(&head, &x, None).unwrap();
         let same = got.iter().zip(&exact).filter(|(a, b)| a == b).count();
         assert!(same >= 8, "{same} rows exact");
@@ -376,7 +479,7 @@ mod tests {
         // The engine keeps the screen it puts in force for each request: a
         // copy of its rows per clone would hold them twice.
         let head = head(64, 32);
-        let s = HeadScreen::build(&head, 4, ScreenBits::Two).unwrap();
+        let s = HeadScreen::build(&head, 4, ScreenBits::Two, None).unwrap();
         assert!(Arc::ptr_eq(&s.copy, &s.clone().copy));
     }
 
@@ -385,7 +488,9 @@ mod tests {
         let head = head(40, 32);
         for k in [0, 41] {
             for bits in [ScreenBits::Four, ScreenBits::Two] {
-                let e = HeadScreen::build(&head, k, bits).unwrap_err().to_string();
+                let e = HeadScreen::build(&head, k, bits, None)
+                    .unwrap_err()
+                    .to_string();
                 assert!(e.contains("head_screen") && e.contains("40"), "{e}");
             }
         }
@@ -401,11 +506,11 @@ mod tests {
         let head = head(n, cols);
         let x = data(cols, 7);
         let exact = head.forward_row(&x).unwrap();
-        let all = HeadScreen::build(&head, n, ScreenBits::Two).unwrap();
+        let all = HeadScreen::build(&head, n, ScreenBits::Two, None).unwrap();
         assert_eq!(all.logits(&head, &x, None).unwrap(), exact);
         assert_eq!(all.bits(), ScreenBits::Two);
         assert_eq!(all.bytes(), n * (cols.div_ceil(128) * 32 + 4));
-        let screen = HeadScreen::build(&head, 64, ScreenBits::Two).unwrap();
+        let screen = HeadScreen::build(&head, 64, ScreenBits::Two, None).unwrap();
         let got = screen.logits(&head, &x, None).unwrap();
         let best = |v: &[f32]| (0..n).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
         assert_eq!(best(&got), best(&exact));
@@ -429,5 +534,47 @@ mod tests {
             inexact += usize::from(g != e);
         }
         assert!(inexact >= n - 64, "{inexact} rows from the copy");
+    }
+
+    /// A screen built over a vocabulary holds its rows only and scores
+    /// them as the whole copy does; a step over every row computes the
+    /// rows outside exactly; a step over another vocabulary is refused.
+    #[test]
+    fn a_screen_of_a_vocabulary_holds_its_rows_only() {
+        for bits in [ScreenBits::Four, ScreenBits::Two] {
+            let (n, cols) = (300, 64);
+            let head = head(n, cols);
+            let x = data(cols, 7);
+            // A prefix and two runs of extra rows.
+            let v = OutputVocab::new(n, 100, vec![150, 151, 152, 250, 299]).unwrap();
+            let whole = HeadScreen::build(&head, 8, bits, None).unwrap();
+            let part = HeadScreen::build(&head, 8, bits, Some(&v)).unwrap();
+            assert_eq!(part.rows(), 105);
+            assert_eq!(part.bytes() * n, whole.bytes() * 105, "{bits}: bytes");
+            assert!(part.covers(Some(&v)) && !part.covers(None) && whole.covers(None));
+            part.check_head(&head).unwrap();
+            // Over the vocabulary: the whole copy's logits exactly.
+            let want = whole.logits(&head, &x, Some(&v)).unwrap();
+            assert_eq!(part.logits(&head, &x, Some(&v)).unwrap(), want, "{bits}");
+            // Over every row: the vocabulary's rows the copy's scores (or
+            // exact), every row outside it exact.
+            let exact = head.forward_row(&x).unwrap();
+            let got = part.logits(&head, &x, None).unwrap();
+            let mut scored = vec![0f32; part.rows()];
+            part.copy.scores(&x, &mut scored, &[], &mut []);
+            let in_copy = (0..100).chain([150, 151, 152, 250, 299]);
+            for (i, t) in in_copy.enumerate() {
+                assert!(got[t] == scored[i] || got[t] == exact[t], "{bits}: row {t}");
+            }
+            for t in (0..n).filter(|&t| !v.contains(t as u32)) {
+                assert_eq!(got[t], exact[t], "{bits}: row {t} outside");
+            }
+            let other = OutputVocab::new(n, 120, vec![]).unwrap();
+            let e = part
+                .logits(&head, &x, Some(&other))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("head_screen") && e.contains("120"), "{e}");
+        }
     }
 }

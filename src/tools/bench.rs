@@ -229,13 +229,13 @@ pub fn run_spec(
 ) -> Result<BenchReport> {
     let prompt_ids = prompt_ids.map(read_prompt_ids).transpose()?;
     let codec = TextCodec::from_model_dir(&spec.model)?;
-    let (spec, plan) = spec.planned()?;
+    let (spec, plan) = spec.planned(&codec)?;
     // The plan's prediction of this run's peak (the tokenizer resident, as
     // in a load): the budget's plan, or the settings' as given.
     let planned = match plan {
         Some(p) => Some(p.expected_peak()),
         None if spec.load_options()?.device.is_cpu() => {
-            Some(spec.predicted_plan()?.expected_peak())
+            Some(spec.predicted_plan(&codec)?.expected_peak())
         }
         None => None,
     };

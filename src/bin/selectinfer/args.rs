@@ -46,8 +46,7 @@ pub struct ModelArgs {
     /// Longest sequence served (prompt + generated); default the model's, at most 4096.
     #[arg(long)]
     pub max_context: Option<usize>,
-    /// How the KV cache holds keys and values: f32, or q8 (ggml's Q8_0
-    /// blocks, a quarter of the bytes; CPU).
+    /// KV cache dtype: f32, or q8 (ggml's Q8_0 blocks, a quarter of the bytes; CPU).
     #[arg(long, default_value_t = CLI.kv_dtype)]
     pub kv_dtype: KvDtype,
     /// Resident memory (MiB) to fit in: γ is chosen so that weights, KV cache,
@@ -126,9 +125,8 @@ pub struct MethodArgs {
     /// mode load-only; docs/CLI.md).
     #[arg(long, default_value_t = CLI.coarse_ratio)]
     pub coarse_ratio: f64,
-    /// Bits of the coarse tier's gate and up rows: 4 (the file's blocks)
-    /// or 3 (requantized to Q3_0: ~21 % fewer bytes a tier neuron on Qwen
-    /// again, at some fidelity; docs/CLI.md).
+    /// Bits of the coarse tier's gate and up rows: 4 (the file's blocks) or 3
+    /// (requantized to Q3_0: ~21 % fewer bytes a tier neuron; docs/CLI.md).
     #[arg(long, default_value_t = CLI.coarse_bits)]
     pub coarse_bits: u32,
     /// Seed of the random-load subset.
@@ -136,10 +134,7 @@ pub struct MethodArgs {
     pub plan_seed: u64,
 }
 
-fn parse<T: std::str::FromStr>(text: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
+fn parse<T: std::str::FromStr<Err: std::fmt::Display>>(text: &str) -> Result<T> {
     text.trim().parse().map_err(|e| anyhow!("`{text}`: {e}"))
 }
 

@@ -169,3 +169,45 @@ fn latin_on_qwen_restricts_english_and_falls_back_for_other_scripts() {
         assert_eq!(g.decode_weight_bytes, a.decode_weight_bytes, "{other}");
     }
 }
+
+/// With a screen, Qwen's Latin vocabulary keeps a copy of its rows only
+/// (104,148 of 151,936); a prompt outside it decodes over every row (those
+/// outside the copy computed exactly) and answers as the whole model does.
+#[test]
+fn a_screen_under_latin_copies_the_latin_rows_only() {
+    let qwen = |vocab, head_screen| EngineSpec {
+        model: common::model_dir("qwen2.5-coder-0.5b-instruct"),
+        dtype: WeightDtype::Q4,
+        mode: Mode::Dense,
+        vocab,
+        head_screen,
+        head_screen_bits: crate::model::ScreenBits::Two,
+        ..EngineSpec::default()
+    };
+    let mut all = qwen(VocabRule::All, 0).load().unwrap();
+    let mut latin = qwen(VocabRule::Latin, 256).load().unwrap();
+    let (vocab, screen) = (
+        latin.vocab.clone().unwrap(),
+        latin.head_screen.clone().unwrap(),
+    );
+    assert_eq!(screen.rows(), vocab.rows());
+    assert!(
+        screen.rows() * 10 < vocab.vocab_size() * 7,
+        "{}",
+        screen.rows()
+    );
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    for prompt in [
+        "Name three colours of a traffic light.",
+        "请用中文回答：天空是什么颜色？",
+    ] {
+        let (a, l) = (
+            all.generate_chat(prompt, &opts, |_| true).unwrap(),
+            latin.generate_chat(prompt, &opts, |_| true).unwrap(),
+        );
+        assert_eq!(a.text, l.text, "{prompt}");
+    }
+}

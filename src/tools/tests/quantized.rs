@@ -487,8 +487,8 @@ fn lm_head_rows_read_from_the_file_are_the_held_heads_bits() {
     assert_eq!(all(&disk), all(&held));
     // A screen built from the file is the held head's screen.
     for (k, b) in [(64, ScreenBits::Four), (256, ScreenBits::Two)] {
-        let from_disk = HeadScreen::build(&disk, k, b).unwrap();
-        let from_held = HeadScreen::build(&held, k, b).unwrap();
+        let from_disk = HeadScreen::build(&disk, k, b, None).unwrap();
+        let from_held = HeadScreen::build(&held, k, b, None).unwrap();
         assert_eq!(
             bits(from_disk.logits(&disk, &x, Some(&vocab)).unwrap()),
             bits(from_held.logits(&held, &x, Some(&vocab)).unwrap())
@@ -527,7 +527,7 @@ fn a_model_with_its_lm_head_in_the_file_gives_the_held_heads_logits() {
     // without it (a grammar's steps: every row, read from the file).
     for bits_of_copy in [Some(ScreenBits::Two), None] {
         for m in [&mut held, &mut disk] {
-            let s = bits_of_copy.map(|b| m.build_head_screen(256, b).unwrap());
+            let s = bits_of_copy.map(|b| m.build_head_screen(256, b, None).unwrap());
             m.set_head_screen(s).unwrap();
         }
         assert_eq!(
