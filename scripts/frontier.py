@@ -86,6 +86,8 @@ CONFIGS = [
      load_only(0.7, 1, 3) + CHUNK, True),
     (LARGE, "load-only γ0.7 coarse 3-bit, q8 KV, head in file, chunk 128",
      load_only(0.7, 1, 3) + CHUNK + KV8, True),
+    (LARGE, "load-only γ0.68 coarse 3-bit, q8 KV, head in file, chunk 128",
+     load_only(0.68, 1, 3) + CHUNK + KV8, True),
     (LARGE, "all coarse, head in file", load_only(1, 1), False),
 ]
 TASKS = {

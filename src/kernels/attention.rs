@@ -46,6 +46,13 @@ pub fn decode_attention(q: &[f32], k: KvRows, v: KvRows, heads: usize) -> Result
     v.check("decode attention")?;
     let group = heads / kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    // Over `Q8_0` rows, each head's query quantized here, on the calling
+    // thread: the decode threads allocate nothing (a first allocation in
+    // a thread's own malloc arena can fault in a whole huge page).
+    let queries: Vec<Q8Act> = match k {
+        KvRows::Q8 { .. } => q.chunks_exact(hd).map(Q8Act::quantize).collect(),
+        KvRows::F32(..) => Vec::new(),
+    };
     let mut out = vec![0f32; heads * hd];
     let heads_out = DisjointSlice::new(&mut out);
     SpinPool::global().for_each_block(heads, 1, |_, block| {
@@ -57,7 +64,7 @@ pub fn decode_attention(q: &[f32], k: KvRows, v: KvRows, heads: usize) -> Result
             let o = unsafe { heads_out.range(h * hd..(h + 1) * hd) };
             let (KvRows::F32(k, kl), KvRows::F32(v, vl)) = (k, v) else {
                 let (kr, vr) = (k.q8_rows(kvh, 0..t), v.q8_rows(kvh, 0..t));
-                attend_head_q8(qh, kr, vr, scale, &mut scores, o);
+                attend_head_q8(&queries[h], kr, vr, scale, &mut scores, o);
                 continue;
             };
             let kr = (k, kl.start_offset() + kvh * kl.stride()[1], kl.stride()[2]);
@@ -76,14 +83,13 @@ pub fn decode_attention(q: &[f32], k: KvRows, v: KvRows, heads: usize) -> Result
 }
 
 /// One query head's attention over `Q8_0` key and value rows (`k`, `v`:
-/// one row of `q.len()` values a position): the scores from the query
-/// quantized per block, the output an axpy of each value row.
-fn attend_head_q8(q: &[f32], k: &[u8], v: &[u8], scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    let rb = QFormat::Q8_0.row_bytes(q.len());
-    let qa = Q8Act::quantize(q);
+/// one row of `qa.len()` values a position): the scores from the query
+/// quantized per block (`qa`), the output an axpy of each value row.
+fn attend_head_q8(qa: &Q8Act, k: &[u8], v: &[u8], scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let rb = QFormat::Q8_0.row_bytes(qa.len());
     let mut max = f32::NEG_INFINITY;
     for (s, row) in scores.iter_mut().zip(k.chunks_exact(rb)) {
-        *s = quant::dot(QFormat::Q8_0, row, &qa) * scale;
+        *s = quant::dot(QFormat::Q8_0, row, qa) * scale;
         max = max.max(*s);
     }
     let mut sum = 0f32;

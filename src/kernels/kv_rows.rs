@@ -84,7 +84,14 @@ impl<'a> KvRows<'a> {
                 cols: l.dims()[3],
                 stride: l.stride()[2],
             },
-            Self::Q8 { head_dim, .. } => {
+            Self::Q8 {
+                head_dim, capacity, ..
+            } => {
+                if buf.capacity() < keys * head_dim {
+                    // Room for the whole capacity at once: one mapping of
+                    // its own, not a buffer grown through the thread's heap.
+                    *buf = Vec::with_capacity(capacity * head_dim);
+                }
                 buf.resize(keys * head_dim, 0.0);
                 let rows = self.q8_rows(g, 0..keys);
                 quant::dequantize_row(QFormat::Q8_0, rows, &mut buf[..keys * head_dim]);

@@ -270,10 +270,8 @@ fn the_small_memory_overlay_is_the_frontiers_configuration() {
     let e = &p.engine;
     assert_eq!((e.mode, e.dtype), (Mode::LoadOnly, WeightDtype::Q4));
     let q = &e.params;
-    assert_eq!(
-        (q.load_ratio, q.coarse_ratio, q.coarse_bits),
-        (0.75, 1.0, 3)
-    );
+    assert_eq!((q.load_ratio, q.coarse_ratio, q.coarse_bits), (0.7, 1.0, 3));
+    assert_eq!(e.kv_dtype, crate::model::KvDtype::Q8);
     assert!(e.head_in_file && e.head_screen == 256 && e.head_screen_bits.bits() == 2);
     assert_eq!((e.prefill_chunk, e.max_context), (128, Some(512)));
     e.effective_params().validate(usize::MAX).unwrap();
