@@ -40,6 +40,10 @@ CONFIGS = [
      Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.6"]),
     ("qwen2.5-coder-1.5b-instruct", "load-only γ0.7 coarse, head in file",
      Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.7", "--coarse-ratio", "1"]),
+    ("qwen2.5-coder-1.5b-instruct", "dense q4, q8 KV", Q4 + ["--kv-dtype", "q8"]),
+    ("qwen2.5-coder-1.5b-instruct", "load-only γ0.7 coarse 3-bit, q8 KV, head in file",
+     Q4 + HEAD + ["--mode", "load-only", "--load-ratio", "0.7", "--coarse-ratio", "1",
+                  "--coarse-bits", "3", "--kv-dtype", "q8"]),
 ]
 MARK = "plan-table"
 
