@@ -86,7 +86,30 @@ pub struct HeadScreen {
     /// (its prefix, then its extra rows).
     copy: Arc<RowCopy>,
     /// The vocabulary whose rows the copy holds; `None`: every row.
-    covered: Option<Arc<OutputVocab>>,
+    covered: Option<Arc<Covered>>,
+}
+
+/// A vocabulary a screen's copy holds the rows of, and the row lists a
+/// step needs, made once at build.
+#[derive(Debug)]
+struct Covered {
+    vocab: OutputVocab,
+    /// The vocabulary's extra rows as rows of the copy (after its prefix).
+    extra_in_copy: Vec<u32>,
+    /// The head's rows outside the vocabulary (computed exactly by a step
+    /// over every row).
+    outside: Vec<u32>,
+}
+
+impl Covered {
+    fn new(vocab: &OutputVocab) -> Self {
+        let n = vocab.vocab_size() as u32;
+        Self {
+            extra_in_copy: (vocab.prefix()..vocab.rows()).map(|r| r as u32).collect(),
+            outside: (0..n).filter(|&t| !vocab.contains(t)).collect(),
+            vocab: vocab.clone(),
+        }
+    }
 }
 
 /// The screen's copy of the lm_head's rows.
@@ -234,14 +257,14 @@ impl HeadScreen {
         Ok(Self {
             k,
             copy: Arc::new(copy),
-            covered: covered.map(|v| Arc::new(v.clone())),
+            covered: covered.map(|v| Arc::new(Covered::new(v))),
         })
     }
 
     /// Whether the copy holds the rows of `vocab` (every row: `None`) and
     /// no others.
     pub(crate) fn covers(&self, vocab: Option<&OutputVocab>) -> bool {
-        self.covered.as_deref() == vocab
+        self.covered.as_ref().map(|c| &c.vocab) == vocab
     }
 
     /// Rows the copy holds.
@@ -259,7 +282,7 @@ impl HeadScreen {
     fn head_rows(&self) -> usize {
         self.covered
             .as_ref()
-            .map_or(self.copy.rows(), |v| v.vocab_size())
+            .map_or(self.copy.rows(), |c| c.vocab.vocab_size())
     }
 
     /// Refuses a head this screen was not built for (by shape).
@@ -301,7 +324,7 @@ impl HeadScreen {
             .map_or(self.head_rows(), OutputVocab::rows)
             .min(self.copy.rows());
         let outside = match (&self.covered, vocab) {
-            (Some(c), None) => c.vocab_size() - c.rows(),
+            (Some(c), None) => c.outside.len(),
             _ => 0,
         };
         self.copy.bytes() * rows / self.copy.rows().max(1) + head.rows_bytes(self.k + outside)
@@ -331,23 +354,19 @@ impl HeadScreen {
         // the copy (the extra rows follow a covered vocabulary's prefix).
         let scored = match (&self.covered, vocab) {
             (None, v) => v,
-            (Some(c), None) => Some(&**c),
-            (Some(c), Some(v)) if **c == *v => Some(v),
+            (Some(c), None) => Some(&c.vocab),
+            (Some(c), Some(v)) if c.vocab == *v => Some(v),
             (Some(c), Some(v)) => bail!(
                 "head_screen holds the {} rows of one output vocabulary; a step asked for another of {} rows",
-                c.rows(),
+                c.vocab.rows(),
                 v.rows()
             ),
         };
         match scored {
             Some(v) => {
                 let mut ey = vec![0f32; v.extra().len()];
-                let in_copy: Vec<u32>;
-                let extra = match self.covered {
-                    Some(_) => {
-                        in_copy = (v.prefix()..v.rows()).map(|r| r as u32).collect();
-                        &in_copy[..]
-                    }
+                let extra = match &self.covered {
+                    Some(c) => &c.extra_in_copy[..],
                     None => v.extra(),
                 };
                 self.copy.scores(x, &mut y[..v.prefix()], extra, &mut ey);
@@ -359,8 +378,7 @@ impl HeadScreen {
         }
         head.add_bias_to(&mut y)?;
         if let (Some(c), None) = (&self.covered, vocab) {
-            let outside: Vec<u32> = (0..n as u32).filter(|&t| !c.contains(t)).collect();
-            for (&id, exact) in outside.iter().zip(head.forward_row_ids(x, &outside)?) {
+            for (&id, exact) in c.outside.iter().zip(head.forward_row_ids(x, &c.outside)?) {
                 y[id as usize] = exact;
             }
         }
